@@ -1,0 +1,1 @@
+"""Measurement harness: timers, provenance, the results store and the sweep runner."""
