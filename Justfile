@@ -1,0 +1,35 @@
+# cs336-systems: `just` lists the recipes.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes
+default:
+    @just --list --unsorted
+
+# Install the package with the test and docs tools (CPU is fine)
+install:
+    python -m pip install -e ".[dev]"
+
+# Run the whole test suite (CPU: Triton under the interpreter, 2-process gloo, the built site)
+test *ARGS:
+    python -m pytest {{ARGS}}
+
+# Run the distributed tests N times in a row, to catch interleaving bugs
+test-dist-repeat N="5":
+    for i in $(seq 1 {{N}}); do echo "== run $i of {{N}}"; python -m pytest -q -m distributed -p no:randomly; done
+
+# Serve the site at http://127.0.0.1:8000 (rebuilds on change)
+serve:
+    python -m mkdocs serve -a 127.0.0.1:8000
+
+# Build the site into site/ (strict: any warning fails)
+build:
+    python -m mkdocs build --strict
+
+# Run one benchmark by name (`just bench list` shows them); results go to results/
+bench NAME *ARGS:
+    python -m cs336_systems.bench {{NAME}} {{ARGS}}
+
+# Run every GPU benchmark in order (on a GPU node); each sweep resumes where it stopped
+bench-all *ARGS:
+    for b in $(python -m cs336_systems.bench gpu-names); do echo "== $b"; python -m cs336_systems.bench $b {{ARGS}} || echo "!! $b failed; continuing"; done

@@ -1,0 +1,35 @@
+"""Every benchmark the project can run, by the name `just bench NAME` takes.
+
+Each entry names a module with a `main(argv: list[str] | None) -> int` function (argparse inside).
+`gpu` marks the ones `just bench-all` runs on a GPU node, in this order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    module: str
+    about: str
+    gpu: bool = True
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    # Part 1: profiling, mixed precision, memory (docs/profiling.md, mixed-precision.md, memory.md)
+    "model": Benchmark("cs336_systems.profiling.benchmark",
+                       "one end-to-end run of the LM: --size, --mode, --dtype, --compile, ...", gpu=False),
+    "end-to-end": Benchmark("cs336_systems.profiling.sweeps", "5 sizes x fwd/fwd+bwd/train, warm-up study, fp32 vs bf16, compiled"),
+    "kernels": Benchmark("cs336_systems.profiling.kernel_sweep", "torch.profiler kernel tables, 5 sizes x 4 contexts"),
+    "memory": Benchmark("cs336_systems.profiling.memory_sweep", "2.7B memory peaks and timelines"),
+    "accumulation": Benchmark("cs336_systems.profiling.mixed_precision", "the four accumulation loops and the autocast dtype table", gpu=False),
+    # Attention (docs/attention.md, docs/flash-attention.md)
+    "attention": Benchmark("cs336_systems.attention.pytorch_sweep", "naive attention sweep, eager vs torch.compile"),
+    "flash-leaderboard": Benchmark("cs336_systems.attention.leaderboard", "leaderboard case: ours vs cuDNN/flash/flex/naive"),
+    "flash-sweep": Benchmark("cs336_systems.attention.flash_sweep", "flash_benchmarking grid, ours vs PyTorch"),
+    # Distributed (docs/collectives.md, ddp.md, sharding.md)
+    "collectives": Benchmark("cs336_systems.distributed.collectives_bench", "all-reduce sizes x backends x world sizes", gpu=False),
+    "ddp": Benchmark("cs336_systems.distributed.ddp_bench", "the DDP stages vs torch DDP", gpu=False),
+    "sharding": Benchmark("cs336_systems.sharding.sharding_bench", "sharded optimizers: memory and time", gpu=False),
+}
