@@ -1,0 +1,148 @@
+"""Render committed results as Markdown for the docs (called from markdown-exec blocks at build time).
+
+    ```python exec="on"
+    from cs336_systems.report import results_table
+    print(results_table("attention/pytorch_attention", columns=["d", "seq", "forward_ms"]))
+    ```
+
+A missing results file raises FileNotFoundError, so `mkdocs build --strict` fails instead of
+publishing a page whose table silently vanished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from .bench.provenance import PROVENANCE_FIELDS
+from .bench.store import REPO_ROOT, ResultStore, results_path
+
+RESULTS_ROOT = REPO_ROOT / "results"
+# Files the current build has read: a test checks each exists and the site names its source.
+READ_LOG: list[Path] = []
+
+
+def load_results(bench: str, device: str = "nvidia-h200", *, root: str | Path | None = None,
+                 status: str | None = None) -> pd.DataFrame:
+    """All rows of one results file as a DataFrame (optionally only rows with this status)."""
+    path = results_path(bench, device, root if root is not None else RESULTS_ROOT)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"results file {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path} "
+            f"is missing: run `just bench ...` for {bench!r} on a {device} machine and commit it")
+    READ_LOG.append(path)
+    rows = ResultStore.__new__(ResultStore)  # reuse the reader without needing the key
+    rows.path, rows.bench = path, bench
+    df = pd.DataFrame(rows.rows())
+    if status is not None and not df.empty:
+        df = df[df["status"] == status]
+    return df.reset_index(drop=True)
+
+
+def provenance_line(df: pd.DataFrame, source: str | None = None) -> str:
+    """One italic line: where and with what these rows were measured."""
+    if df.empty:
+        return "*No rows.*"
+    parts = []
+    for field in ("device", "torch", "triton", "cuda", "git"):
+        if field in df:
+            values = sorted({str(v) for v in df[field].dropna()})
+            if values:
+                parts.append(f"{field} {', '.join(values)}")
+    if "time_utc" in df:
+        times = df["time_utc"].dropna().sort_values()
+        if not times.empty:
+            first, last = times.iloc[0][:10], times.iloc[-1][:10]
+            parts.append(f"measured {first}" + (f" to {last}" if last != first else ""))
+    src = f" Source: `{source}`." if source else ""
+    return f"*{'; '.join(parts)}.{src}*"
+
+
+def format_value(value: object, floatfmt: str = ".3g") -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15 and floatfmt.endswith("g"):
+            return f"{int(value):,}"
+        return format(value, floatfmt)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown_table(df: pd.DataFrame, *, floatfmt: str = ".3g",
+                   formats: Mapping[str, str | Callable[[object], str]] | None = None) -> str:
+    """A GitHub-flavoured Markdown table of `df` (index dropped), with per-column formats."""
+    formats = dict(formats or {})
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(str(c) for c in cols) + " |",
+             "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else "---" for c in cols) + "|"]
+    for _, row in df.iterrows():
+        cells = []
+        for c in cols:
+            fmt = formats.get(c, floatfmt)
+            cells.append(fmt(row[c]) if callable(fmt) else format_value(row[c], fmt))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def status_cell(row: Mapping[str, object], column: str, floatfmt: str = ".3g") -> str:
+    """The value of `column`, or the row's status in capitals (OOM, ERROR) when it has none."""
+    value = row.get(column)
+    if row.get("status", "ok") != "ok" and (value is None or pd.isna(value)):
+        return str(row.get("status")).upper()
+    return format_value(value, floatfmt)
+
+
+def results_table(bench: str, *, device: str = "nvidia-h200", columns: Sequence[str] | None = None,
+                  query: str | None = None, rename: Mapping[str, str] | None = None,
+                  sort: Sequence[str] | None = None, floatfmt: str = ".3g",
+                  formats: Mapping[str, str | Callable[[object], str]] | None = None,
+                  pivot: Mapping[str, object] | None = None, latest: Sequence[str] | None = None,
+                  root: str | Path | None = None) -> str:
+    """Markdown table of a results file plus its provenance line.
+
+    columns: which columns, in order (non-ok rows show their status, e.g. OOM, in empty cells);
+    query: a pandas query to select rows; sort: columns to sort by; rename: header names;
+    latest: key columns — keep only the newest row per key (re-measured cells);
+    pivot: kwargs for DataFrame.pivot_table (index, columns, values, aggfunc='first').
+    """
+    df = load_results(bench, device, root=root)
+    if latest:
+        df = df.sort_values("time_utc").drop_duplicates(list(latest), keep="last")
+    if query:
+        df = df.query(query)
+    if sort:
+        df = df.sort_values(list(sort))
+    if pivot:
+        values = pivot["values"]
+        shown = df.copy()
+        shown[values] = [status_cell(r, values, floatfmt) for r in shown.to_dict("records")]
+        df = shown.pivot_table(index=pivot["index"], columns=pivot["columns"], values=values,
+                               aggfunc="first").reset_index()
+        df.columns = [str(c) for c in df.columns]
+    elif columns:
+        records = df.to_dict("records")
+        df = pd.DataFrame({c: [r.get(c) if r.get(c) is not None and not _isna(r.get(c))
+                               else (str(r.get("status")).upper() if r.get("status", "ok") != "ok" else None)
+                               for r in records] for c in columns})
+    if rename:
+        df = df.rename(columns=dict(rename))
+    source = str(results_path(bench, device, RESULTS_ROOT).relative_to(REPO_ROOT))
+    full = load_results(bench, device, root=root)
+    return markdown_table(df, floatfmt=floatfmt, formats=formats) + "\n\n" + provenance_line(full, source)
+
+
+def _isna(v: object) -> bool:
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["load_results", "markdown_table", "provenance_line", "results_table", "format_value",
+           "PROVENANCE_FIELDS"]
