@@ -1,0 +1,64 @@
+"""The pre-norm decoder-only Transformer LM (the course's assignment-1 architecture)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import CausalMultiHeadSelfAttention
+from .config import ModelConfig
+from .layers import Embedding, Linear, RMSNorm, RotaryEmbedding, SwiGLU
+
+
+class TransformerBlock(nn.Module):
+    """x + attn(norm(x)), then + ffn(norm(x))."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, rope: RotaryEmbedding,
+                 device=None, dtype=None):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.attn = CausalMultiHeadSelfAttention(d_model, num_heads, rope, device, dtype)
+        self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.ffn = SwiGLU(d_model, d_ff, device, dtype)
+
+    def forward(self, x, causal_mask, positions):
+        x = x + self.attn(self.ln1(x), causal_mask, positions)
+        return x + self.ffn(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    """token ids (batch, seq) -> logits (batch, seq, vocab)."""
+
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int,
+                 num_heads: int, d_ff: int, rope_theta: float = 10_000.0, device=None, dtype=None):
+        super().__init__()
+        self.config = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
+                                  rope_theta)
+        self.token_embeddings = Embedding(vocab_size, d_model, device, dtype)
+        rope = RotaryEmbedding(rope_theta, d_model // num_heads, context_length, device)
+        self.layers = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, d_ff, rope, device, dtype) for _ in range(num_layers))
+        self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device, dtype)
+        # One RoPE table shared by all layers; registered once here so .to() moves it.
+        self.rope = rope
+        mask = torch.ones(context_length, context_length, dtype=torch.bool, device=device).tril()
+        self.register_buffer("causal_mask", mask, persistent=False)  # (ctx, ctx), True = keep
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> "TransformerLM":
+        return cls(cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads,
+                   cfg.d_ff, cfg.rope_theta, device=device, dtype=dtype)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if token_ids.dim() != 2:
+            raise ValueError(f"token_ids must be (batch, seq), got shape {tuple(token_ids.shape)}")
+        s = token_ids.shape[1]
+        if s > self.config.context_length:
+            raise ValueError(f"sequence length {s} exceeds context_length {self.config.context_length}")
+        positions = torch.arange(s, device=token_ids.device)
+        mask = self.causal_mask[:s, :s]
+        x = self.token_embeddings(token_ids)  # (batch, seq, d_model)
+        for layer in self.layers:
+            x = layer(x, mask, positions)
+        return self.lm_head(self.ln_final(x))  # (batch, seq, vocab)
