@@ -1,0 +1,1 @@
+"""Distributed training by hand: launching, the collectives benchmark, the DDP stages (ddp/)."""
