@@ -1,0 +1,139 @@
+"""Tile sizes, warps and pipeline stages for the FlashAttention-2 kernels, per shape.
+
+The GPU table (`tuned_configs.TUNED`) is generated from measurements by `tune` and committed; a
+shape it lacks falls back to a heuristic. No autotuning happens on a first call. Under the Triton
+interpreter (CPU) tiles are 16 wide so small test shapes still cross several tiles.
+
+    python -m cs336_systems.attention.configs tune [--only leaderboard|sweep] [--write]
+    python -m cs336_systems.attention.configs write-table     # regenerate tuned_configs.py from results
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .triton_loader import interpreting, next_power_of_2
+
+
+# --8<-- [start:configs]
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int  # queries per program
+    block_n: int  # keys per loop step
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m1: int  # dK/dV pass: queries per loop step
+    block_n1: int  # dK/dV pass: keys per program (resident)
+    block_m2: int  # dQ pass: queries per program (resident)
+    block_n2: int  # dQ pass: keys per loop step
+    num_warps1: int = 4
+    num_stages1: int = 2
+    num_warps2: int = 4
+    num_stages2: int = 2
+    fused: bool = False  # both passes in one launch (with warps1/stages1)
+# --8<-- [end:configs]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def size_class(n_bh: int, n_queries: int, n_keys: int) -> str:
+    """How much parallel work a launch has: rows of (batch*heads) x seq. Tuned per class."""
+    rows = n_bh * max(n_queries, n_keys)
+    return "small" if rows <= 4096 else "medium" if rows <= 32768 else "large"
+
+
+def table_key(dtype: torch.dtype, head_dim: int, causal: bool, size: str) -> str:
+    # fp16 runs the bf16 entries: same width, same tensor-core rate.
+    name = "bf16" if dtype == torch.float16 else dtype_name(dtype)
+    return f"{name}-d{next_power_of_2(max(head_dim, 16))}-{'causal' if causal else 'full'}-{size}"
+
+
+INTERPRETER_FWD = FwdConfig(16, 16, 1, 1)
+INTERPRETER_BWD = BwdConfig(16, 16, 16, 16, 1, 1, 1, 1)
+
+
+def heuristic_fwd(dtype: torch.dtype, head_dim_pad: int) -> FwdConfig:
+    """Before measurement: shapes known to fit Hopper's 227 KB of shared memory."""
+    if dtype == torch.float32:
+        return FwdConfig(64, 32, 4, 2) if head_dim_pad <= 64 else FwdConfig(32, 32, 4, 2)
+    return FwdConfig(128, 64, 4, 3) if head_dim_pad <= 64 else FwdConfig(128, 64, 8, 3)
+
+
+def heuristic_bwd(dtype: torch.dtype, head_dim_pad: int) -> BwdConfig:
+    if dtype == torch.float32:
+        return BwdConfig(16, 64, 64, 16, 4, 2, 4, 2) if head_dim_pad <= 64 else BwdConfig(16, 32, 32, 16, 4, 1, 4, 1)
+    if head_dim_pad <= 64:
+        return BwdConfig(32, 128, 128, 32, 4, 3, 4, 3)
+    return BwdConfig(32, 64, 64, 32, 4, 2, 4, 2)
+
+
+_override: dict[str, object] = {}
+
+
+@contextlib.contextmanager
+def override(fwd: FwdConfig | None = None, bwd: BwdConfig | None = None) -> Iterator[None]:
+    """Use these configs for every launch inside the block (tests, tuning)."""
+    saved = dict(_override)
+    if fwd is not None:
+        _override["fwd"] = fwd
+    if bwd is not None:
+        _override["bwd"] = bwd
+    try:
+        yield
+    finally:
+        _override.clear()
+        _override.update(saved)
+
+
+def _tuned(kind: str, key: str) -> dict | None:
+    try:
+        from .tuned_configs import TUNED
+    except ImportError:  # no table generated yet
+        return None
+    return TUNED.get(kind, {}).get(key)
+
+
+def fwd_config(dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
+               n_keys: int) -> FwdConfig:
+    if "fwd" in _override:
+        return _override["fwd"]  # type: ignore[return-value]
+    if interpreting():
+        return INTERPRETER_FWD
+    found = _tuned("fwd", table_key(dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys)))
+    return FwdConfig(**found) if found else heuristic_fwd(dtype, next_power_of_2(head_dim))
+
+
+def bwd_config(dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
+               n_keys: int) -> BwdConfig:
+    if "bwd" in _override:
+        return _override["bwd"]  # type: ignore[return-value]
+    if interpreting():
+        return INTERPRETER_BWD
+    found = _tuned("bwd", table_key(dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys)))
+    return BwdConfig(**found) if found else heuristic_bwd(dtype, next_power_of_2(head_dim))
+
+
+def as_dict(config: FwdConfig | BwdConfig) -> dict:
+    return asdict(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from . import tune
+
+    return tune.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""FlashAttention-2 backward kernels (Triton, plain pointer arithmetic), without atomics.
+
+    preprocess:  D_i = rowsum(dO_i * O_i)                                 grid (query tiles, Z*H)
+    dK/dV pass:  one key tile resident, stream query tiles:               grid (key tiles, Z*H)
+                 P^T = exp2(K Q^T * c - L2),  dV += P^T dO,  dS^T = P^T * (V dO^T - D),  dK += dS^T Q
+    dQ pass:     one query tile resident, stream key tiles:               grid (query tiles, Z*H)
+                 P = exp2(Q K^T * c - L2),  dQ += (P * (dO V^T - D)) K
+
+Each program owns the rows it writes, so nothing is atomic; the price is computing P twice.
+`bwd_fused_kernel` runs both passes in one launch (one tail instead of two). As in the forward,
+causal programs skip tiles past the diagonal and only masked tiles pay for comparisons.
+
+Do not import this module directly: `triton_loader.kernels(__name__)` loads it for the current mode.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def load_rows(base, offs_row, offs_d, stride_row, stride_d, n_rows,
+              ROW_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """A (rows, HEAD_DIM_PAD) tile; masked only where it can run past the tensor."""
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :] * stride_d
+    if ROW_MASK:
+        mask = offs_row[:, None] < n_rows
+        if HEAD_DIM != HEAD_DIM_PAD:
+            mask = mask & (offs_d[None, :] < HEAD_DIM)
+        return tl.load(ptrs, mask=mask, other=0.0)
+    elif HEAD_DIM != HEAD_DIM_PAD:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def store_rows(base, tile, offs_row, offs_d, stride_row, stride_d, n_rows, HEAD_DIM: tl.constexpr):
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :] * stride_d
+    tl.store(ptrs, tile.to(base.dtype.element_ty), mask=(offs_row[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def bwd_preprocess_kernel(O, DO, Delta, stride_oz, stride_oh, stride_on, stride_od,
+                          stride_dz, stride_dh, stride_dn, stride_dd, n_heads, n_queries,
+                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Delta (Z * H, n_q) fp32 = rowsum(O * dO)."""
+    bh = tl.program_id(1)
+    z = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    o = load_rows(O + z * stride_oz + h * stride_oh, offs_m, offs_d, stride_on, stride_od, n_queries,
+                  True, HEAD_DIM, HEAD_DIM_PAD)
+    do = load_rows(DO + z * stride_dz + h * stride_dh, offs_m, offs_d, stride_dn, stride_dd, n_queries,
+                   True, HEAD_DIM, HEAD_DIM_PAD)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + bh.to(tl.int64) * n_queries + offs_m, delta, mask=offs_m < n_queries)
+
+
+# --8<-- [start:dkdv_tiles]
+@triton.jit
+def dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
+                     stride_dn, stride_dd, offs_n, offs_d, lo, hi, n_queries, qk_scale,
+                     CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Accumulate the contributions of query tiles [lo, hi) to this key tile's dK, dV."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0
+        q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, n_queries, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        do = load_rows(do_base, offs_m, offs_d, stride_dn, stride_dd, n_queries, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        if MASKED:  # a missing query row gets L = +inf, so its P is exactly 0
+            L2 = tl.load(L_row + offs_m, mask=offs_m < n_queries, other=float("inf")) * LOG2E
+            Di = tl.load(D_row + offs_m, mask=offs_m < n_queries, other=0.0)
+        else:
+            L2 = tl.load(L_row + offs_m) * LOG2E
+            Di = tl.load(D_row + offs_m)
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - L2[None, :])  # (BLOCK_N, BLOCK_M)
+        if MASKED:
+            if CAUSAL:  # the -1e6 of masked scores makes their P exactly 0
+                pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        dpT = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
+        dsT = pT * (dpT - Di[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk)
+    return dk, dv
+# --8<-- [end:dkdv_tiles]
+
+
+@triton.jit
+def dkdv_program(tile, bh, Q, K, V, DO, L, Delta, DK, DV,
+                 stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                 stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+                 n_heads, n_queries, n_keys, qk_scale, sm_scale,
+                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dK, dV of key tile `tile` of (batch*head) `bh`. DK, DV are contiguous (Z, H, n_k, d)."""
+    z = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    k = load_rows(K + z * stride_kz + h * stride_kh, offs_n, offs_d, stride_kn, stride_kd, n_keys,
+                  True, HEAD_DIM, HEAD_DIM_PAD)
+    v = load_rows(V + z * stride_vz + h * stride_vh, offs_n, offs_d, stride_vn, stride_vd, n_keys,
+                  True, HEAD_DIM, HEAD_DIM_PAD)
+    q_base = Q + z * stride_qz + h * stride_qh
+    do_base = DO + z * stride_dz + h * stride_dh
+    L_row = L + bh.to(tl.int64) * n_queries
+    D_row = Delta + bh.to(tl.int64) * n_queries
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    # Causal: queries before this tile see none of its keys (skipped); the first ones after it
+    # straddle the diagonal (masked); the rest see all of it. Then a ragged last query tile.
+    if CAUSAL:
+        lo = tile * BLOCK_N
+        lo_full = lo + (BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        dk, dv = dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
+                                  stride_dn, stride_dd, offs_n, offs_d, lo, tl.minimum(lo_full, n_queries),
+                                  n_queries, qk_scale, CAUSAL, True, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
+    else:
+        lo_full = 0
+    hi_full = lo_full + tl.maximum(n_queries - lo_full, 0) // BLOCK_M * BLOCK_M
+    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
+                              stride_dn, stride_dd, offs_n, offs_d, lo_full, hi_full,
+                              n_queries, qk_scale, CAUSAL, False, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
+    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
+                              stride_dn, stride_dd, offs_n, offs_d, hi_full, n_queries,
+                              n_queries, qk_scale, CAUSAL, True, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
+    out = (z * n_heads + h) * n_keys * HEAD_DIM
+    store_rows(DK + out, dk * sm_scale, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)
+    store_rows(DV + out, dv, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)
+
+
+# --8<-- [start:dq_tiles]
+@triton.jit
+def dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                 offs_m, offs_d, lo, hi, n_keys, qk_scale,
+                 CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Accumulate the contributions of key tiles [lo, hi) to this query tile's dQ."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        v = load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - L2[:, None])  # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            keep = offs_n[None, :] < n_keys
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - Di[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+# --8<-- [end:dq_tiles]
+
+
+@triton.jit
+def dq_program(tile, bh, Q, K, V, DO, L, Delta, DQ,
+               stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+               stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+               n_heads, n_queries, n_keys, qk_scale, sm_scale,
+               CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ of query tile `tile` of (batch*head) `bh`. DQ is contiguous (Z, H, n_q, d)."""
+    z = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q = load_rows(Q + z * stride_qz + h * stride_qh, offs_m, offs_d, stride_qn, stride_qd, n_queries,
+                  True, HEAD_DIM, HEAD_DIM_PAD)
+    do = load_rows(DO + z * stride_dz + h * stride_dh, offs_m, offs_d, stride_dn, stride_dd, n_queries,
+                   True, HEAD_DIM, HEAD_DIM_PAD)
+    row_ok = offs_m < n_queries
+    L2 = tl.load(L + bh.to(tl.int64) * n_queries + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+    Di = tl.load(Delta + bh.to(tl.int64) * n_queries + offs_m, mask=row_ok, other=0.0)
+    k_base = K + z * stride_kz + h * stride_kh
+    v_base = V + z * stride_vz + h * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    if CAUSAL:
+        hi = tl.minimum((tile + 1) * BLOCK_M, n_keys)
+        hi_full = tl.minimum(tile * BLOCK_M, n_keys) // BLOCK_N * BLOCK_N
+    else:
+        hi = n_keys
+        hi_full = n_keys // BLOCK_N * BLOCK_N
+    dq = dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                      offs_m, offs_d, 0, hi_full, n_keys, qk_scale, CAUSAL, False, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD)
+    dq = dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                      offs_m, offs_d, hi_full, hi, n_keys, qk_scale, CAUSAL, True, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD)
+    store_rows(DQ + (z * n_heads + h) * n_queries * HEAD_DIM, dq * sm_scale, offs_m, offs_d, HEAD_DIM, 1,
+               n_queries, HEAD_DIM)
+
+
+@triton.jit
+def bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
+                    stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                    stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+                    n_heads, n_queries, n_keys, qk_scale, sm_scale,
+                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (key tiles, Z*H). Causal: key tile 0 sees every query, so it goes first."""
+    lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+    n_bh = tl.num_programs(1)
+    dkdv_program(lin // n_bh, lin % n_bh, Q, K, V, DO, L, Delta, DK, DV,
+                 stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                 stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+                 n_heads, n_queries, n_keys, qk_scale, sm_scale,
+                 CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
+                  stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                  stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+                  n_heads, n_queries, n_keys, qk_scale, sm_scale,
+                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (query tiles, Z*H). Causal: the last query tile sees every key, so it goes first."""
+    n_tiles = tl.num_programs(0)
+    lin = tl.program_id(0) + tl.program_id(1) * n_tiles
+    n_bh = tl.num_programs(1)
+    dq_program(n_tiles - 1 - lin // n_bh, lin % n_bh, Q, K, V, DO, L, Delta, DQ,
+               stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+               stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+               n_heads, n_queries, n_keys, qk_scale, sm_scale,
+               CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def bwd_fused_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV,
+                     stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                     stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+                     n_heads, n_queries, n_keys, qk_scale, sm_scale, n_kv_tiles, n_q_tiles,
+                     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
+    """Grid (key tiles + query tiles, Z*H): both passes in one launch. With as many key as query
+    tiles the two kinds alternate, each in decreasing order of work, so long programs start first."""
+    lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+    n_bh = tl.num_programs(1)
+    idx = lin // n_bh
+    bh = lin % n_bh
+    if n_kv_tiles == n_q_tiles:
+        is_dkdv = idx % 2 == 0
+        kv_tile = idx // 2
+        q_tile = n_q_tiles - 1 - idx // 2
+    else:
+        is_dkdv = idx < n_kv_tiles
+        kv_tile = idx
+        q_tile = n_q_tiles - 1 - (idx - n_kv_tiles)
+    if is_dkdv:
+        dkdv_program(kv_tile, bh, Q, K, V, DO, L, Delta, DK, DV,
+                     stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                     stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+                     n_heads, n_queries, n_keys, qk_scale, sm_scale,
+                     CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M1, BLOCK_N1)
+    else:
+        dq_program(q_tile, bh, Q, K, V, DO, L, Delta, DQ,
+                   stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                   stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
+                   n_heads, n_queries, n_keys, qk_scale, sm_scale,
+                   CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2)

@@ -1,0 +1,127 @@
+"""Host side of the Triton FlashAttention-2: allocate outputs, pick configs, launch kernels.
+
+All functions take 4-D (Z, H, N, d) tensors whose last dim has stride 1 (any other strides) and
+return contiguous results. Shape and dtype checks happen before, in `inputs.py`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import configs as cfgs
+from .configs import BwdConfig, FwdConfig
+from .triton_loader import kernels, next_power_of_2
+
+FWD = "cs336_systems.attention.flash_fwd_kernel"
+BWD = "cs336_systems.attention.flash_bwd_kernel"
+LOG2E = 1.4426950408889634
+MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which carries batch * heads
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _shape(q: Tensor, k: Tensor) -> tuple[int, int, int, int, int]:
+    Z, H, n_q, d = q.shape
+    if Z * H > MAX_GRID_Y:
+        raise ValueError(f"q's batch*heads must be at most {MAX_GRID_Y}, got {Z * H}")
+    return Z, H, n_q, k.shape[2], d
+
+
+def _scales(d: int) -> tuple[float, float]:
+    sm_scale = 1.0 / math.sqrt(d)
+    return sm_scale, sm_scale * LOG2E
+
+
+# --8<-- [start:launch_fwd]
+def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, config: FwdConfig | None = None
+               ) -> tuple[Tensor, Tensor]:
+    """O (Z, H, n_q, d) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp."""
+    Z, H, n_q, n_k, d = _shape(q, k)
+    c = config or cfgs.fwd_config(q.dtype, d, is_causal, Z * H, n_q, n_k)
+    o = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
+    L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
+    grid = (_cdiv(n_q, c.block_m), Z * H)
+    kernels(FWD).flash_fwd_kernel[grid](
+        q, k, v, o, L, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, n_q, n_k, _scales(d)[1],
+        CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages)
+    return o, L
+# --8<-- [end:launch_fwd]
+
+
+def launch_preprocess(o: Tensor, do: Tensor, block_m: int = 64) -> Tensor:
+    """Delta (Z, H, n_q) fp32 = rowsum(O * dO)."""
+    Z, H, n_q, d = o.shape
+    delta = torch.empty((Z, H, n_q), dtype=torch.float32, device=o.device)
+    kernels(BWD).bwd_preprocess_kernel[(_cdiv(n_q, block_m), Z * H)](
+        o, do, delta, *o.stride(), *do.stride(), H, n_q,
+        HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)), BLOCK_M=block_m)
+    return delta
+
+
+def _bwd_args(q, k, v, do, L, delta):
+    Z, H, n_q, n_k, d = _shape(q, k)
+    sm_scale, qk_scale = _scales(d)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    return strides, (H, n_q, n_k, qk_scale, sm_scale)
+
+
+def launch_dkdv(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[Tensor, Tensor]:
+    """dK, dV (contiguous, k's dtype): one program per key tile."""
+    Z, H, n_q, n_k, d = _shape(q, k)
+    dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
+    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    kernels(BWD).bwd_dkdv_kernel[(_cdiv(n_k, c.block_n1), Z * H)](
+        q, k, v, do, L, delta, dk, dv, *strides, *sizes,
+        CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
+        BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, num_warps=c.num_warps1, num_stages=c.num_stages1)
+    return dk, dv
+
+
+def launch_dq(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> Tensor:
+    """dQ (contiguous, q's dtype): one program per query tile."""
+    Z, H, n_q, n_k, d = _shape(q, k)
+    dq = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
+    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    kernels(BWD).bwd_dq_kernel[(_cdiv(n_q, c.block_m2), Z * H)](
+        q, k, v, do, L, delta, dq, *strides, *sizes,
+        CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
+        BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, num_warps=c.num_warps2, num_stages=c.num_stages2)
+    return dq
+
+
+def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from one launch that runs both passes."""
+    Z, H, n_q, n_k, d = _shape(q, k)
+    dq = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
+    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    n_kv_tiles, n_q_tiles = _cdiv(n_k, c.block_n1), _cdiv(n_q, c.block_m2)
+    kernels(BWD).bwd_fused_kernel[(n_kv_tiles + n_q_tiles, Z * H)](
+        q, k, v, do, L, delta, dq, dk, dv, *strides, *sizes, n_kv_tiles, n_q_tiles,
+        CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
+        BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2, BLOCK_N2=c.block_n2,
+        num_warps=c.num_warps1, num_stages=c.num_stages1)
+    return dq, dk, dv
+
+
+# --8<-- [start:launch_bwd]
+def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
+               config: BwdConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV (Z, H, N, d) in the inputs' dtype. L is the forward's fp32 (Z, H, n_q)."""
+    Z, H, n_q, n_k, d = _shape(q, k)
+    c = config or cfgs.bwd_config(q.dtype, d, is_causal, Z * H, n_q, n_k)
+    delta = launch_preprocess(o, do)
+    if c.fused:
+        return launch_bwd_fused(q, k, v, do, L, delta, is_causal, c)
+    dk, dv = launch_dkdv(q, k, v, do, L, delta, is_causal, c)
+    return launch_dq(q, k, v, do, L, delta, is_causal, c), dk, dv
+# --8<-- [end:launch_bwd]

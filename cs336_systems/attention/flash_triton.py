@@ -1,0 +1,62 @@
+"""FlashAttention-2 in Triton as a torch.autograd.Function: forward and backward kernels.
+
+`FlashAttentionTriton.apply(q, k, v, is_causal=False)`: q, k, v of shape (batch, seq, d) or
+(batch, heads, seq, d), one dtype among fp32 / bf16 / fp16, head dim 16..128, on a CUDA device
+(or any device when the Triton interpreter is on). n_queries may differ from n_keys; sequence
+lengths need not be multiples of anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from .flash_launch import launch_bwd, launch_fwd
+from .inputs import AttentionInputs, check_attention_inputs
+from .saved_state import load_attention_state, save_attention_state, unfold_like
+from .triton_loader import interpreting
+
+
+def _unit_last_stride(t: Tensor) -> Tensor:
+    """The kernels read rows of d contiguous elements; anything else is copied once."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def check_triton_inputs(q, k, v, is_causal) -> AttentionInputs:
+    x = check_attention_inputs(q, k, v, is_causal, need_cuda=not interpreting())
+    return dataclasses.replace(x, q=_unit_last_stride(x.q), k=_unit_last_stride(x.k),
+                               v=_unit_last_stride(x.v))
+
+
+# --8<-- [start:function]
+class FlashAttentionTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        x = check_triton_inputs(q, k, v, is_causal)
+        o4, L = _forward(x.q, x.k, x.v, x.is_causal)  # (Z, H, n_q, d), (Z, H, n_q) fp32
+        o = unfold_like(o4, len(x.lead))
+        save_attention_state(ctx, x, o, L)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, L = load_attention_state(ctx)
+        do4 = _unit_last_stride(do.unsqueeze(1) if ctx.lead_ndim == 1 else do)
+        dq, dk, dv = _backward(q, k, v, o, L, do4, ctx.is_causal)
+        return (unfold_like(dq, ctx.lead_ndim), unfold_like(dk, ctx.lead_ndim),
+                unfold_like(dv, ctx.lead_ndim), None)
+# --8<-- [end:function]
+
+
+# Kernel launches are opaque to torch.compile: under `torch.compile(FlashAttentionTriton.apply)`
+# dynamo stops here and the Function runs as written, kernels and all.
+@torch.compiler.disable
+def _forward(q, k, v, is_causal):
+    return launch_fwd(q, k, v, is_causal)
+
+
+@torch.compiler.disable
+def _backward(q, k, v, o, L, do, is_causal):
+    return launch_bwd(q, k, v, o, L, do, is_causal)
