@@ -1,0 +1,151 @@
+"""Every DDP stage on 2 gloo ranks against single-process training of the same model.
+
+One process group serves the whole module: a module-scoped fixture spawns 2 ranks once, runs every
+case inside it (stage x bucket size x toy model x scenario) and returns what each rank saw; the
+parametrized tests below then check one case each against the reference computed here, in the
+parent, by plain single-process training (tests/toy_models.py).
+
+What a case checks: rank 1 starts from different weights, so equality after wrapping proves the
+broadcast (frozen parameters and buffers included); after several steps every rank's parameters
+equal the reference's and are bit-identical across ranks; frozen parameters got no hooks and did
+not move; unused parameters keep grad None; parameters() are the module's own.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import pytest
+from torch import nn
+
+from cs336_systems.distributed.ddp import STAGES
+from cs336_systems.distributed.launch import Worker, spawn
+from tests.toy_models import (assert_states_close, make_batches, make_model, shard, state_of,
+                              train_reference)
+
+pytestmark = pytest.mark.distributed
+
+WORLD_SIZE = 2
+STEPS = 4
+BATCH = 8
+MODELS = ["ToyModel", "ToyModelWithTiedWeights", "ToyModelWithUnusedParameter", "ToyModelWithBuffer"]
+STAGE_CONFIGS = [("naive", {}), ("flat", {}), ("overlap", {})] + [
+    ("bucketed", {"bucket_size_mb": mb}) for mb in (None, 0.0001, 0.0016, 0.01, 1.0)]
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.05, weight_decay=0.1),
+}
+
+
+def _case_id(stage: str, kwargs: dict, model: str, scenario: str) -> str:
+    extra = "".join(f"-{v}MB" for v in kwargs.values())
+    return f"{stage}{extra}-{model}-{scenario}"
+
+
+# scenario: "plain" (SGD, one backward per step), "adamw", "accumulate" (2 micro-batches, no_sync)
+CASES = [(stage, kwargs, model, "plain") for stage, kwargs in STAGE_CONFIGS for model in MODELS]
+CASES += [(stage, kwargs, "ToyModelWithTiedWeights", scenario)
+          for stage, kwargs in STAGE_CONFIGS for scenario in ("adamw", "accumulate")]
+CASE_IDS = [_case_id(*case) for case in CASES]
+
+
+def _train_one(worker: Worker, stage: str, kwargs: dict, model_name: str, scenario: str) -> dict:
+    module = make_model(model_name, seed=100 + worker.rank)  # ranks start different on purpose
+    ddp = STAGES[stage](module, **kwargs)
+    after_broadcast = state_of(ddp.module)
+    optimizer = OPTIMIZERS["adamw" if scenario == "adamw" else "sgd"](
+        [p for p in ddp.parameters() if p.requires_grad])
+    loss_fn = nn.functional.mse_loss
+    for x, y in make_batches(STEPS, BATCH):
+        ddp.on_train_batch_start()
+        optimizer.zero_grad(set_to_none=True)
+        x, y = shard((x, y), worker.rank, worker.world_size)
+        if scenario == "accumulate":  # two micro-batches; the first only accumulates locally
+            with ddp.no_sync():
+                (loss_fn(ddp(x[:2]), y[:2]) / 2).backward()
+            (loss_fn(ddp(x[2:]), y[2:]) / 2).backward()
+        else:
+            loss_fn(ddp(x), y).backward()
+        ddp.finish_gradient_synchronization()
+        optimizer.step()
+    return {
+        "after_broadcast": after_broadcast,
+        "final": state_of(ddp.module),
+        "grad_is_none": {n: p.grad is None for n, p in ddp.module.named_parameters()},
+        "hooked": {n: bool(p._post_accumulate_grad_hooks) for n, p in ddp.module.named_parameters()},
+        "same_parameters": [id(p) for p in ddp.parameters()] == [id(p) for p in module.parameters()],
+    }
+
+
+def _double_backward_error(worker: Worker, stage: str, kwargs: dict) -> str:
+    """Two backward passes without finishing in between must raise, not average half a gradient."""
+    ddp = STAGES[stage](make_model("ToyModel", seed=0), **kwargs)
+    x, y = shard(make_batches(1, BATCH)[0], worker.rank, worker.world_size)
+    nn.functional.mse_loss(ddp(x), y).backward()
+    try:
+        nn.functional.mse_loss(ddp(x), y).backward()
+    except RuntimeError as exc:
+        return str(exc)
+    finally:
+        ddp.finish_gradient_synchronization()  # drain the first backward's all-reduces
+        dist.barrier()
+    return ""
+
+
+def _run_all(worker: Worker) -> dict:
+    out = {cid: _train_one(worker, *case) for cid, case in zip(CASE_IDS, CASES)}
+    out["double_backward"] = {stage: _double_backward_error(worker, stage, kwargs)
+                              for stage, kwargs in [("overlap", {}), ("bucketed", {"bucket_size_mb": 0.01})]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    return spawn(_run_all, WORLD_SIZE, timeout_s=90)
+
+
+def _reference(model_name: str, scenario: str) -> nn.Module:
+    opt = OPTIMIZERS["adamw" if scenario == "adamw" else "sgd"]
+    return train_reference(make_model(model_name, seed=100), make_batches(STEPS, BATCH),
+                           optimizer_factory=opt)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_stage_matches_single_process_training(ranks, case):
+    stage, kwargs, model_name, scenario = case
+    cid = _case_id(*case)
+    initial = state_of(make_model(model_name, seed=100))  # rank 0's initial weights
+    reference = state_of(_reference(model_name, scenario))
+    for rank, seen in enumerate(r[cid] for r in ranks):
+        # Broadcast on construction: every parameter and buffer, frozen ones included, is rank 0's.
+        assert_states_close(seen["after_broadcast"], initial, rtol=0, atol=0,
+                            context=f"{cid} rank {rank} after construction")
+        assert_states_close(seen["final"], reference, context=f"{cid} rank {rank} after training")
+        assert seen["same_parameters"], "the wrapper's parameters() must be the module's own"
+    for name in ranks[0][cid]["final"]:  # the ranks apply identical updates: bit-identical
+        assert torch.equal(ranks[0][cid]["final"][name], ranks[1][cid]["final"][name]), name
+
+
+@pytest.mark.parametrize("stage, kwargs", STAGE_CONFIGS, ids=[_case_id(s, k, "", "")[:-2]
+                                                              for s, k in STAGE_CONFIGS])
+def test_frozen_and_unused_parameters(ranks, stage, kwargs):
+    toy = ranks[0][_case_id(stage, kwargs, "ToyModel", "plain")]
+    if stage in ("overlap", "bucketed"):
+        assert toy["hooked"] == {"fc1.weight": True, "fc2.fc.weight": True, "fc2.fc.bias": False,
+                                 "fc3.weight": True, "no_grad_fixed_param": False}
+    assert toy["grad_is_none"]["fc2.fc.bias"] and toy["grad_is_none"]["no_grad_fixed_param"]
+    unused = ranks[1][_case_id(stage, kwargs, "ToyModelWithUnusedParameter", "plain")]
+    assert unused["grad_is_none"] == {"fc1.weight": False, "fc1.bias": False, "unused.weight": True,
+                                      "unused.bias": True, "fc2.weight": False, "fc2.bias": False}
+
+
+@pytest.mark.parametrize("stage", ["overlap", "bucketed"])
+def test_second_backward_without_finish_raises(ranks, stage):
+    for r in ranks:
+        assert "no_sync" in r["double_backward"][stage]
+
+
+def test_tied_weight_appears_once():
+    tied = make_model("ToyModelWithTiedWeights", seed=0)
+    assert tied.fc2.fc.weight is tied.fc4.weight
+    assert sum(p is tied.fc4.weight for p in tied.parameters()) == 1
