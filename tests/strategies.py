@@ -7,3 +7,13 @@ from hypothesis import strategies as st
 # -- attention / online softmax ---------------------------------------------------------------
 
 # -- distributed / bucketing ------------------------------------------------------------------
+
+def parameter_byte_sizes(max_bytes: int = 4096, max_len: int = 30) -> st.SearchStrategy[list[int]]:
+    """Byte sizes of a model's trainable parameters in forward order (0 = an empty tensor)."""
+    return st.lists(st.integers(min_value=0, max_value=max_bytes), max_size=max_len)
+
+
+def bucket_caps(max_bytes: int = 8192) -> st.SearchStrategy[int | None]:
+    """A bucket cap in bytes (often smaller than some parameters), or None for one bucket."""
+    return st.none() | st.integers(min_value=1, max_value=max_bytes)
+
