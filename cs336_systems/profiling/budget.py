@@ -1,0 +1,106 @@
+"""Shared plumbing of the Part 1 sweeps: a time budget per sweep, one cached model, a one-line CLI error.
+
+GPU time comes in 10-minute calls. Each sweep gets a budget: once it is spent, no new cell starts,
+the finished rows stay, and the next call (same command) resumes where this one stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from cs336_systems.bench.store import NotOurResultsFile, ResultStore
+from cs336_systems.bench.sweep import run_sweep
+from cs336_systems.model import get_config
+
+from .steps import build_model
+
+
+class OutOfTime(KeyboardInterrupt):
+    """Raised before a cell starts once the sweep's budget is spent.
+
+    A KeyboardInterrupt subclass because run_sweep re-raises those instead of recording an error
+    row: running out of budget is a stop request, not a failed cell.
+    """
+
+
+def run_budgeted(store: ResultStore, cells: Iterable[Mapping[str, Any]],
+                 measure: Callable[[Mapping[str, Any]], Mapping[str, Any]], *,
+                 budget_s: float | None, desc: str | None = None) -> bool:
+    """run_sweep, stopping before any cell that would start after `budget_s` seconds.
+
+    Returns True when every cell is done, False when the budget ran out first.
+    """
+    deadline = time.monotonic() + budget_s if budget_s else None
+
+    def guarded(cell):
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutOfTime
+        return measure(cell)
+
+    try:
+        run_sweep(store, cells, guarded, desc=desc)
+    except OutOfTime:
+        print(f"[{store.bench}] time budget of {budget_s:.0f} s spent; re-run the same command to "
+              f"resume", file=sys.stderr)
+        return False
+    return True
+
+
+class ModelCache:
+    """Holds one model at a time, keyed by (size, context): sweeps go size by size."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.key: tuple | None = None
+        self.model: torch.nn.Module | None = None
+
+    def get(self, size: str, context: int) -> torch.nn.Module:
+        if self.key != (size, context):
+            self.model = None
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.model = build_model(get_config(size, context), self.device)
+            self.key = (size, context)
+        return self.model
+
+
+def open_store(p: argparse.ArgumentParser, bench: str, key: Iterable[str], args) -> ResultStore:
+    """The store of `bench` on this device (cpu slug for a CPU run); a foreign file is a CLI error."""
+    device = "cpu" if torch.device(args.device).type != "cuda" else None
+    try:
+        store = ResultStore(bench, key, device=device, root=args.results_dir)
+        store.rows()
+        return store
+    except NotOurResultsFile as exc:
+        p.error(str(exc))
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    from pathlib import Path
+
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--results-dir", type=Path, default=None, help="results root (default: results/)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no new cell after this many seconds (re-run to resume)")
+
+
+def check_device(p: argparse.ArgumentParser, args) -> None:
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but no CUDA device is available")
+
+
+def csv_list(kind=str):
+    def parse(text: str):
+        try:
+            return [kind(t) for t in text.split(",") if t]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return parse

@@ -1,0 +1,134 @@
+"""Memory of the 2.7B model (problem memory_profiling): `just bench memory`.
+
+Context {128, 256, 512} x forward-only (inference) / full train step x fp32 / bf16 autocast.
+Each cell runs one untimed step first (so a train cell's measured step starts from the steady
+state: weights, Adam moments and last step's gradients resident), then one measured step.
+Rows: results/memory/peaks/ (MiB = bytes / 1024^2). For the snapshot cells (default: context 512
+fp32, forward and train) also the timeline PNG, the largest allocations with their source lines
+(results/memory/largest/) and the residual-stream check (results/memory/residual/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+
+from cs336_systems.model import get_config
+
+from .budget import ModelCache, add_common, check_device, csv_list, open_store, run_budgeted
+from .memory import (MIB, allocations_of_size, largest_allocations, load_snapshot, phase_marker,
+                     record_snapshot, render_timeline, residual_stream_bytes)
+from .steps import make_optimizer, make_step, phase_ranges, random_batch
+
+KEY = ["size", "context", "mode", "dtype"]
+
+
+def measure_cell(model, cell, device, snapshot_path: Path | None) -> dict:
+    dev = torch.device(device)
+    cfg = get_config(cell["size"], cell["context"])
+    x, y = random_batch(cfg, cell["batch"], cell["context"], dev)
+    optimizer = make_optimizer(model, cell["mode"])
+    step = make_step(model, x, y, mode=cell["mode"], dtype=cell["dtype"], optimizer=optimizer,
+                     phase=phase_ranges(marker=phase_marker if snapshot_path else None))
+    cuda = dev.type == "cuda"
+    try:
+        step()  # steady state: optimizer moments and gradients exist from here on
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if cuda else 0
+        if snapshot_path is not None:
+            with record_snapshot(snapshot_path):
+                step()
+        else:
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        out = {"before_mib": before / MIB,
+               "peak_mib": torch.cuda.max_memory_allocated() / MIB if cuda else None,
+               "peak_reserved_mib": torch.cuda.max_memory_reserved() / MIB if cuda else None,
+               "after_mib": torch.cuda.memory_allocated() / MIB if cuda else None,
+               "snapshot": snapshot_path is not None}
+    finally:
+        model.zero_grad(set_to_none=True)
+        del optimizer
+    return out
+
+
+def analyse_snapshot(cell, snapshot_path: Path, png_dir: Path, largest_store, residual_store) -> dict:
+    """Render the timeline and write the largest-allocations and residual-stream rows."""
+    snap = load_snapshot(snapshot_path)
+    name = f"2.7B-{cell['mode']}-ctx{cell['context']}-{cell['dtype']}"
+    summary = render_timeline(snap, png_dir / f"{name}.png",
+                              title=f"2.7B, context {cell['context']}, {cell['dtype']}, "
+                                    f"{'forward only (inference)' if cell['mode'] == 'forward' else 'full training step'}")
+    key = {k: cell[k] for k in KEY}
+    for rank, row in enumerate(largest_allocations(snap, top=15)):
+        largest_store.append({**key, "rank": rank, **row})
+    cfg = get_config(cell["size"], cell["context"])
+    elem = 4 if cell["dtype"] == "fp32" else 2
+    expected = residual_stream_bytes(cell["batch"], cell["context"], cfg.d_model, 4)
+    found = allocations_of_size(snap, expected)
+    sites: dict[str, int] = {}
+    for f in found:
+        sites[f["site"]] = sites.get(f["site"], 0) + 1
+    residual_store.append({**key, "expected_bytes": expected, "expected_mib": expected / MIB,
+                           "allocations_of_that_size": len(found),
+                           "half_precision_bytes": residual_stream_bytes(cell["batch"], cell["context"], cfg.d_model, 2),
+                           "activation_elem_bytes": elem,
+                           "sites": sorted(sites.items(), key=lambda kv: -kv[1])[:12]})
+    return {f"timeline_{k}": v for k, v in summary.items()} | {"png": f"{name}.png"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="memory", description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="2.7B")
+    p.add_argument("--contexts", type=csv_list(int), default=[128, 256, 512])
+    p.add_argument("--modes", type=csv_list(), default=["forward", "train"])
+    p.add_argument("--dtypes", type=csv_list(), default=["fp32", "bf16"])
+    p.add_argument("--snapshot-cells", type=csv_list(), default=["512/forward/fp32", "512/train/fp32"],
+                   help="context/mode/dtype cells that also record a snapshot")
+    p.add_argument("--png-dir", type=Path, default=Path("docs/img/memory"))
+    p.add_argument("--snapshot-dir", type=Path, default=Path(tempfile.gettempdir()) / "cs336-snapshots")
+    add_common(p)
+    args = p.parse_args(argv)
+    check_device(p, args)
+    try:
+        get_config(args.size)
+    except ValueError as exc:
+        p.error(str(exc))
+    cuda = torch.device(args.device).type == "cuda"
+    peaks = open_store(p, "memory/peaks", KEY, args)
+    largest = open_store(p, "memory/largest", [*KEY, "rank"], args)
+    residual = open_store(p, "memory/residual", KEY, args)
+    cells = [{"size": args.size, "context": c, "mode": m, "dtype": d, "batch": 4}
+             for c in args.contexts for d in args.dtypes for m in args.modes]
+    snap_cells = set(args.snapshot_cells)
+    models = ModelCache(args.device)
+
+    def run(cell):
+        model = models.get(cell["size"], max(args.contexts))
+        tag = f"{cell['context']}/{cell['mode']}/{cell['dtype']}"
+        path = args.snapshot_dir / f"{tag.replace('/', '-')}.pickle" if cuda and tag in snap_cells else None
+        out = measure_cell(model, cell, args.device, path)
+        if path is not None:
+            try:
+                out |= analyse_snapshot(cell, path, args.png_dir, largest, residual)
+            except Exception as exc:  # noqa: BLE001 - keep the peak even if the analysis breaks
+                traceback.print_exc()
+                out["snapshot_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            finally:
+                path.unlink(missing_ok=True)  # pickles are large; the PNG and tables are what we keep
+        return out
+
+    done = run_budgeted(peaks, cells, run, budget_s=args.budget_s, desc="2.7B memory")
+    return 0 if done else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

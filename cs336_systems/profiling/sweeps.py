@@ -1,0 +1,162 @@
+"""End-to-end sweeps (problems benchmarking_script (b)-(c), benchmarking_mixed_precision (c),
+torch_compile (b)): `just bench end-to-end [--part timings|warmup|compile]`.
+
+- timings: every size x forward / forward-backward / train x fp32 / bf16 at one context,
+  5 warm-up + 10 measured steps -> results/end-to-end/timings/
+- warmup: a fresh process per (size, mode) times every step from the very first, so tables can
+  show what 0, 1 or 2 warm-up steps leave in the measured mean -> results/end-to-end/warmup/
+- compile: the whole model eager vs torch.compile, forward and train -> results/end-to-end/compile/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import timeit
+
+import torch
+
+from cs336_systems.bench.timing import synchronize, time_steps
+from cs336_systems.model import get_config
+from cs336_systems.model.config import PRESETS
+
+from .benchmark import measure
+from .budget import ModelCache, add_common, check_device, csv_list, open_store, run_budgeted
+from .steps import build_model, make_optimizer, make_step, random_batch
+
+SIZES = list(PRESETS)
+PARTS = ("timings", "warmup", "compile")
+
+
+def timings(p, args) -> bool:
+    store = open_store(p, "end-to-end/timings", ["size", "context", "mode", "dtype", "warmup", "steps"], args)
+    cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d,
+              "warmup": args.warmup, "steps": args.steps, "compile": False}
+             for s in args.sizes for d in args.dtypes for m in args.modes]
+    models = ModelCache(args.device)
+
+    def run(cell):
+        model = models.get(cell["size"], cell["context"])
+        return measure(model, get_config(cell["size"], cell["context"]), mode=cell["mode"],
+                       dtype=cell["dtype"], batch=cell["batch"], context=cell["context"],
+                       warmup=cell["warmup"], steps=cell["steps"], device=args.device)
+
+    return run_budgeted(store, cells, run, budget_s=args.budget_s, desc="end-to-end timings")
+
+
+# --8<-- [start:warmup_child]
+def warmup_trace(size: str, mode: str, context: int, dtype: str, steps: int, device: str) -> dict:
+    """In a fresh process: time CUDA start-up, model build, then every step from the first."""
+    timer = timeit.default_timer
+    t0 = timer()
+    if torch.device(device).type == "cuda":
+        torch.zeros(1, device=device)  # creates the CUDA context
+        synchronize(device)
+    t1 = timer()
+    cfg = get_config(size, context)
+    model = build_model(cfg, device)
+    synchronize(device)
+    t2 = timer()
+    x, y = random_batch(cfg, 4, context, device)
+    step = make_step(model, x, y, mode=mode, dtype=dtype, optimizer=make_optimizer(model, mode))
+    times = time_steps(step, warmup=0, steps=steps, device=device).times
+    return {"context_init_ms": (t1 - t0) * 1e3, "build_ms": (t2 - t1) * 1e3,
+            "step_ms": [t * 1e3 for t in times]}
+# --8<-- [end:warmup_child]
+
+
+# --8<-- [start:warmup_stats]
+def warmup_stats(step_ms: list[float], warmup: int, steps: int = 10) -> dict[str, float]:
+    """Mean/std of `steps` measured steps after `warmup` warm-ups, read off one per-step trace.
+
+    A run with w warm-ups measures steps w+1 .. w+n of the process, so one trace of n+2 steps
+    answers w = 0, 1 and 2 without three more cold starts.
+    """
+    window = step_ms[warmup:warmup + steps]
+    if len(window) < steps:
+        raise ValueError(f"trace of {len(step_ms)} steps is too short for warmup={warmup}, steps={steps}")
+    return {"mean_ms": statistics.fmean(window), "std_ms": statistics.stdev(window) if steps > 1 else 0.0}
+# --8<-- [end:warmup_stats]
+
+
+def warmup(p, args) -> bool:
+    store = open_store(p, "end-to-end/warmup", ["size", "context", "mode", "dtype"], args)
+    n = args.steps + 2
+    cells = [{"size": s, "context": args.context, "mode": m, "dtype": "fp32", "trace_steps": n}
+             for m in ("forward-backward", "forward") for s in args.sizes]
+
+    def run(cell):
+        cmd = [sys.executable, "-m", "cs336_systems.profiling.sweeps", "--child",
+               json.dumps({**{k: cell[k] for k in ("size", "mode", "context", "dtype")},
+                           "steps": n, "device": args.device})]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+            raise RuntimeError(f"child failed: {tail}")
+        trace = json.loads(out.stdout.strip().splitlines()[-1])
+        for w in (0, 1, 2):
+            trace.update({f"w{w}_{k}": v for k, v in warmup_stats(trace["step_ms"], w, args.steps).items()})
+        return trace
+
+    return run_budgeted(store, cells, run, budget_s=args.budget_s, desc="warm-up study")
+
+
+def compile_part(p, args) -> bool:
+    store = open_store(p, "end-to-end/compile", ["size", "context", "mode", "dtype", "compile"], args)
+    cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d, "compile": c,
+              "warmup": args.warmup, "steps": args.steps}
+             for s in args.compile_sizes for d in args.compile_dtypes for m in ("forward", "train")
+             for c in (False, True)]
+    models = ModelCache(args.device)
+
+    def run(cell):
+        model = models.get(cell["size"], cell["context"])
+        compiled = None
+        if cell["compile"]:
+            torch._dynamo.reset()  # each compiled cell pays its own compile: comparable first steps
+            compiled = torch.compile(model)
+        out = measure(model, get_config(cell["size"], cell["context"]), mode=cell["mode"],
+                      dtype=cell["dtype"], batch=cell["batch"], context=cell["context"],
+                      warmup=cell["warmup"], steps=cell["steps"], device=args.device, compiled=compiled)
+        out["first_step_includes_compile"] = bool(cell["compile"])
+        return out
+
+    return run_budgeted(store, cells, run, budget_s=args.budget_s, desc="compile vs eager")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="end-to-end", description=__doc__.splitlines()[0])
+    p.add_argument("--part", action="append", choices=PARTS, help="which part(s); default all")
+    p.add_argument("--sizes", type=csv_list(), default=SIZES)
+    p.add_argument("--modes", type=csv_list(), default=["forward", "forward-backward", "train"])
+    p.add_argument("--dtypes", type=csv_list(), default=["fp32", "bf16"])
+    p.add_argument("--compile-sizes", type=csv_list(), default=["small", "medium", "large"])
+    p.add_argument("--compile-dtypes", type=csv_list(), default=["fp32"])
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    add_common(p)
+    args = p.parse_args(argv)
+    if args.child:  # the fresh process of the warm-up study
+        print(json.dumps(warmup_trace(**json.loads(args.child))))
+        return 0
+    check_device(p, args)
+    for s in {*args.sizes, *args.compile_sizes}:
+        try:
+            get_config(s)
+        except ValueError as exc:
+            p.error(str(exc))
+    if args.steps < 2 or args.warmup < 0 or args.context < 1:
+        p.error("need --steps >= 2, --warmup >= 0, --context >= 1")
+    done = True
+    for part in args.part or PARTS:
+        done &= {"timings": timings, "warmup": warmup, "compile": compile_part}[part](p, args)
+    return 0 if done else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
