@@ -250,6 +250,9 @@ class _AssetScanner(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         self._in = tag if tag in {"script", "style"} else None
+        rel = set((dict(attrs).get("rel") or "").lower().split())
+        if tag == "link" and rel and rel <= {"canonical", "alternate", "author", "license", "next", "prev"}:
+            return  # names a URL, fetches nothing (`mkdocs serve` adds a canonical link)
         if tag in ASSET_TAGS:
             for name, value in attrs:
                 if name in ASSET_ATTRS and value:

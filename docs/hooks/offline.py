@@ -20,16 +20,29 @@ log = get_plugin_logger("offline")
 NBCONVERT_MERMAID = re.compile(
     r'<script type="module">(?:(?!</script>).)*?cdnjs\.cloudflare\.com/ajax/libs/mermaid(?:(?!</script>).)*?</script>',
     re.S)
-ASSET_TAG = re.compile(
-    r"<(script|link|img|iframe|source|audio|video|embed|object|track)\b[^>]*?\b(?:src|href|data|srcset)"
-    r"""\s*=\s*["']?\s*((?:https?:)?//[^"'\s>]+)""", re.I)
+ASSET_TAGS = "script|link|img|iframe|source|audio|video|embed|object|track|input"
+TAG = re.compile(rf"<({ASSET_TAGS})\b([^>]*)>", re.I)
+ATTR = re.compile(r"""([\w-]+)\s*=\s*("[^"]*"|'[^']*'|[^\s>]+)""")
+ASSET_ATTRS = {"src", "href", "srcset", "data", "poster"}
+# <link rel=...> kinds that name a URL without fetching it (`mkdocs serve` adds a canonical link).
+NOT_FETCHED = {"canonical", "alternate", "author", "license", "help", "search", "next", "prev"}
+EXTERNAL = re.compile(r"(?i)(https?:)?//")
 CSS_URL = re.compile(r"""(?:url\(|@import\s+)\s*["']?((?:https?:)?//[^"')\s]+)""", re.I)
 JS_IMPORT = re.compile(r"""\b(?:import|importScripts)\(\s*["']((?:https?:)?//[^"']+)""")
 
 
 def external_assets(text: str) -> list[str]:
     """Every URL in `text` that a browser would fetch from another host while showing the page."""
-    found = [m.group(2) for m in ASSET_TAG.finditer(text)]
+    found = []
+    for tag in TAG.finditer(text):
+        attrs = {k.lower(): v.strip("\"'") for k, v in ATTR.findall(tag.group(2))}
+        if tag.group(1).lower() == "link" and set(attrs.get("rel", "").lower().split()) <= NOT_FETCHED \
+                and attrs.get("rel"):
+            continue
+        for name in ASSET_ATTRS & attrs.keys():
+            urls = [u.split()[0] for u in attrs[name].split(",") if u.strip()] if name == "srcset" \
+                else [attrs[name]]
+            found += [u for u in urls if EXTERNAL.match(u.strip())]
     found += CSS_URL.findall(text) + JS_IMPORT.findall(text)
     return found
 
