@@ -1,0 +1,239 @@
+"""optimizer_state_sharding_accounting: memory at three points of a step, and time per step, for
+four ways to train data-parallel with AdamW, in one run.
+
+    python -m cs336_systems.bench sharding                  # here: gloo, 2 CPU processes, cpu-small
+    torchrun --nproc-per-node 2 -m cs336_systems.sharding.sharding_bench \
+        --device cuda --backend nccl --size xl              # the course's setting: xl on 2 GPUs
+
+Methods (all torch.optim.AdamW inside):
+    ddp              DistributedDataParallel + AdamW                 (nothing sharded)
+    sharded          DDP + the course's ShardedOptimizer             (state / N; + broadcasts)
+    zero1            bare module + our ZeRO1Optimizer                (state / N; RS + AG, no DDP)
+    zero_redundancy  DDP + torch's ZeroRedundancyOptimizer           (PyTorch's own, the anchor)
+`--ddp bucketed` uses the project's DDPBucketed (25 MB buckets) instead of torch's DDP.
+
+Memory (results/sharding/memory): per rank, after building model + optimizer ("after_init"),
+after forward + backward of the first step ("before_step"), after its optimizer step
+("after_step"). Each row: bytes of parameter, gradient and optimizer-state tensors (distinct
+storages), the activations autograd saved in that step's forward (before_step only) and, on CUDA,
+the allocator's current bytes and its peak since the previous point. On CPU there is no allocator
+to ask; the tensor bytes are the measurement.
+Time (results/sharding/step_time): `steps` timed steps after `warmup`; a step lasts as long as
+its slowest rank; also the optimizer step alone (where the sharded methods communicate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cs336_systems.bench.store import ResultStore
+from cs336_systems.bench.sweep import run_sweep
+from cs336_systems.bench.timing import synchronize
+from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
+
+from .accounting import MemoryProbe, saved_activation_bytes
+from .sharded_optimizer import ShardedOptimizer
+from .zero1 import ZeRO1Optimizer
+
+MEMORY_BENCH, TIME_BENCH = "sharding/memory", "sharding/step_time"
+METHODS = ["ddp", "sharded", "zero1", "zero_redundancy"]
+CELL_KEY = ["method", "ddp", "size", "world_size", "backend", "device_type", "batch", "context"]
+# Small enough for 2 CPU processes on 2 cores, large enough that optimizer state is visible (9.3M params).
+CPU_SMALL = ModelConfig(vocab_size=10_000, context_length=128, d_model=256, num_layers=4,
+                        num_heads=8, d_ff=1024)
+
+
+def model_config(size: str, context: int) -> ModelConfig:
+    return CPU_SMALL.with_context(context) if size == "cpu-small" else get_config(size, context)
+
+
+# --8<-- [start:build]
+def build(method: str, model: torch.nn.Module, ddp: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """(the module to call, the optimizer) for one method."""
+    adamw = dict(lr=1e-3, weight_decay=0.01)
+    if method == "zero1":  # does its own reduce-scatter: no DDP wrapper (it broadcasts rank 0's weights)
+        return model, ZeRO1Optimizer(model.parameters(), torch.optim.AdamW, **adamw)
+    if ddp == "torch":
+        from torch.nn.parallel import DistributedDataParallel
+        wrapped = DistributedDataParallel(model)
+    else:
+        from cs336_systems.distributed.ddp.bucketed import DDPBucketed
+        wrapped = DDPBucketed(model, bucket_size_mb=25.0)
+    if method == "ddp":
+        return wrapped, torch.optim.AdamW(model.parameters(), **adamw)
+    if method == "sharded":
+        return wrapped, ShardedOptimizer(model.parameters(), torch.optim.AdamW, **adamw)
+    if method == "zero_redundancy":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return wrapped, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                                **adamw)
+    raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+# --8<-- [end:build]
+
+
+def _finish(module: torch.nn.Module) -> None:
+    """Our DDP wrappers finish their gradient all-reduces here; torch's DDP already did."""
+    finish = getattr(module, "finish_gradient_synchronization", None)
+    if finish is not None:
+        finish()
+
+
+def _slowest(worker: Worker, times: list[float]) -> list[float]:
+    per_rank: list[Any] = [None] * worker.world_size
+    dist.all_gather_object(per_rank, times)
+    return [max(r[i] for r in per_rank) for i in range(len(times))]
+
+
+# --8<-- [start:measure]
+def measure_method(worker: Worker, method: str, ddp: str, cfg: ModelConfig, batch: int,
+                   warmup: int, steps: int) -> dict[str, Any]:
+    """Memory at the three points of the first step, then the time of `steps` more steps."""
+    torch.manual_seed(0)
+    model = TransformerLM.from_config(cfg, device=worker.device)
+    gen = torch.Generator().manual_seed(1000 + worker.rank)  # each rank its own batch
+    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), generator=gen)
+    x, y = tokens[:, :-1].to(worker.device), tokens[:, 1:].to(worker.device)
+    module, opt = build(method, model, ddp)
+    probe = MemoryProbe(model, opt)
+    memory = [probe.record("after_init")]
+    opt.zero_grad(set_to_none=True)
+    with saved_activation_bytes(model.parameters()) as saved:
+        loss = cross_entropy(module(x), y)
+    loss.backward()
+    _finish(module)
+    memory.append(probe.record("before_step", activations=saved["bytes"]))
+    opt.step()
+    memory.append(probe.record("after_step"))
+
+    step_times, opt_times = [], []
+    for i in range(warmup + steps):
+        synchronize(worker.device)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        cross_entropy(module(x), y).backward()
+        _finish(module)
+        synchronize(worker.device)
+        t1 = time.perf_counter()
+        opt.step()
+        synchronize(worker.device)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            step_times.append(t2 - t0)
+            opt_times.append(t2 - t1)
+    step_times, opt_times = _slowest(worker, step_times), _slowest(worker, opt_times)
+    # --8<-- [end:measure]
+    n_params = sum(p.numel() for p in model.parameters())
+    del module, opt, model, loss
+    gc.collect()
+    if worker.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"memory": memory, "time": {
+        "n_params": n_params, "warmup": warmup, "steps": steps,
+        "step_ms": statistics.median(step_times) * 1e3,
+        "step_ms_mean": statistics.fmean(step_times) * 1e3,
+        "step_ms_std": (statistics.stdev(step_times) if steps > 1 else 0.0) * 1e3,
+        "optimizer_step_ms": statistics.median(opt_times) * 1e3,
+        "threads_per_rank": torch.get_num_threads(),
+        "cpu_cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0]}}  # was the host busy?
+
+
+def _measure_all(worker: Worker, cells: list[dict], cfg: ModelConfig, warmup: int,
+                 steps: int) -> list[dict]:
+    return [measure_method(worker, c["method"], c["ddp"], cfg, c["batch"], warmup, steps)
+            for c in cells]
+
+
+def _write(memory_store: ResultStore, cell: dict, result: dict) -> None:
+    for row in result["memory"]:
+        point = row.pop("point")
+        memory_store.append({**cell, "point": point}, row)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sharding", description=__doc__.split("\n")[0])
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--ddp", default="torch", choices=["torch", "bucketed"],
+                   help="the DDP wrapper of the ddp / sharded / zero_redundancy methods")
+    p.add_argument("--size", default=None, help="cpu-small (CPU default) or a preset: small ... xl "
+                   "(cuda default: xl)")
+    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: 128 on "
+                   "cpu, 512 on cuda)")
+    p.add_argument("--batch", type=int, default=2, help="sequences per rank (default 2: SPEC's "
+                   "batch 4 over 2 ranks)")
+    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (ignored under torchrun)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                   help="default: gloo on cpu, nccl on cuda")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    args.size = args.size or ("xl" if args.device == "cuda" else "cpu-small")
+    args.context = args.context or (512 if args.device == "cuda" else 128)
+    if args.backend == "nccl" and args.device != "cuda":
+        parser.error("--backend nccl needs --device cuda")
+    try:
+        cfg = model_config(args.size, args.context)
+    except ValueError as exc:
+        parser.error(f"--size/--context: {exc}")
+    if args.batch < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("--batch and --steps must be >= 1, --warmup >= 0")
+    if args.world_size < 2 and not in_torchrun():
+        parser.error(f"--world-size: need at least 2 ranks, got {args.world_size}")
+    world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
+    cells = [{"method": m, "ddp": "none" if m == "zero1" else args.ddp, "size": args.size,
+              "world_size": world, "backend": args.backend, "device_type": args.device,
+              "batch": args.batch, "context": args.context} for m in args.methods]
+    device = "cpu" if args.device == "cpu" else None  # None: the store names the GPU
+    times = ResultStore(TIME_BENCH, CELL_KEY, device=device, root=args.results_dir)
+    memory = ResultStore(MEMORY_BENCH, CELL_KEY + ["point"], device=device, root=args.results_dir)
+    if in_torchrun():
+        return _main_torchrun(args, cells, cfg, times, memory)
+
+    def measure(cell: dict) -> dict:  # one fresh process group per method: clean memory counters
+        result = spawn(_measure_all, world, [cell], cfg, args.warmup, args.steps,
+                       backend=args.backend, device=args.device, timeout_s=args.timeout_s)[0][0]
+        _write(memory, cell, result)
+        return result["time"]
+
+    run_sweep(times, cells, measure, desc="sharding")
+    return 0
+
+
+def _main_torchrun(args, cells, cfg, times: ResultStore, memory: ResultStore) -> int:
+    """One rank of a torchrun job: every method in turn in one process group; rank 0 writes."""
+
+    def body(worker: Worker) -> None:
+        todo = [[c for c in cells if not times.has(c)] if worker.rank == 0 else None]
+        dist.broadcast_object_list(todo, src=0)  # every rank runs the same methods, in order
+        for cell in todo[0]:
+            result = _measure_all(worker, [cell], cfg, args.warmup, args.steps)[0]
+            if worker.rank == 0:
+                _write(memory, cell, result)
+                times.append(cell, result["time"])
+                print(f"[sharding] {cell['method']}: {result['time']['step_ms']:.1f} ms/step",
+                      file=sys.stderr)
+
+    run_from_env(body, backend=args.backend, device=args.device, timeout_s=args.timeout_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
