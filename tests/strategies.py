@@ -6,6 +6,47 @@ from hypothesis import strategies as st
 
 # -- attention / online softmax ---------------------------------------------------------------
 
+def score_rows(max_len: int = 40, bound: float = 1e30) -> st.SearchStrategy[list[float]]:
+    """A row of attention scores: finite floats, some tiny, some huge (up to +-bound)."""
+    return st.lists(st.floats(min_value=-bound, max_value=bound, allow_nan=False), min_size=1, max_size=max_len)
+
+
+@st.composite
+def chunk_sizes(draw, n: int) -> list[int]:
+    """A split of n items into consecutive chunks of positive sizes (any number of chunks)."""
+    cuts = sorted(draw(st.sets(st.integers(min_value=1, max_value=n - 1), max_size=n - 1))) if n > 1 else []
+    bounds = [0, *cuts, n]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+@st.composite
+def rows_with_masked_chunks(draw, max_len: int = 40) -> tuple[list[float], list[int]]:
+    """(row, chunk sizes) where whole chunks are -inf (fully masked tiles), at least one kept."""
+    row = draw(score_rows(max_len, bound=1e4))
+    sizes = draw(chunk_sizes(len(row)))
+    masked = draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))
+    if all(masked):
+        masked[draw(st.integers(min_value=0, max_value=len(sizes) - 1))] = False
+    out, start = [], 0
+    for size, m in zip(sizes, masked):
+        out += [float("-inf")] * size if m else row[start:start + size]
+        start += size
+    return out, sizes
+
+
+@st.composite
+def attention_problems(draw, max_seq: int = 48, head_dims: tuple[int, ...] = (16, 24, 32)) -> dict:
+    """A small attention problem: batch, optional heads, ragged n_queries / n_keys, head dim, causal."""
+    return {
+        "batch": draw(st.integers(min_value=1, max_value=2)),
+        "heads": draw(st.sampled_from([None, 1, 3])),
+        "n_queries": draw(st.integers(min_value=1, max_value=max_seq)),
+        "n_keys": draw(st.integers(min_value=1, max_value=max_seq)),
+        "head_dim": draw(st.sampled_from(head_dims)),
+        "is_causal": draw(st.booleans()),
+    }
+
+
 # -- distributed / bucketing ------------------------------------------------------------------
 
 def parameter_byte_sizes(max_bytes: int = 4096, max_len: int = 30) -> st.SearchStrategy[list[int]]:

@@ -39,6 +39,8 @@ def tiled_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, *, block_q: 
         k_j, v_j = k[..., j0:j0 + block_k, :], v[..., j0:j0 + block_k, :]
         # Causal: query tiles that end before key j0 see none of this tile; skip them.
         i0 = (j0 // block_q) * block_q if is_causal else 0
+        if i0 >= n_q:
+            break  # every later key tile is masked for every query
         s = (q[..., i0:, :] @ k_j.transpose(-2, -1)) * scale  # (..., n_q - i0, Bk)
         if is_causal:
             s = s + causal_bias(n_q - i0, k_j.shape[-2], dtype=work, device=q.device,

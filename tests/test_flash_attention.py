@@ -1,0 +1,224 @@
+"""FlashAttention-2 (PyTorch and Triton) against a float64 reference: forward, backward, contract.
+
+On a CPU the Triton kernels run under the interpreter (fp32, small shapes); on a GPU the same tests
+run the compiled kernels, and the GPU-only tests add bf16/fp16, head dim 80 and larger shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from cs336_systems.attention import flash_attention
+from cs336_systems.attention.configs import BwdConfig, FwdConfig, override
+from cs336_systems.attention.flash_pytorch import FlashAttentionPyTorch
+from cs336_systems.attention.flash_triton import FlashAttentionTriton
+from cs336_systems.attention.reference import attention_reference
+from tests.strategies import attention_problems
+from tests.triton_mode import DEVICE, ON_GPU, needs_gpu, pytestmark  # noqa: F401
+
+IMPLS = {"pytorch": FlashAttentionPyTorch, "triton": FlashAttentionTriton}
+
+
+def make_qkv(batch, heads, n_q, n_k, d, dtype=torch.float32, device=DEVICE, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lead = (batch,) if heads is None else (batch, heads)
+    q = torch.randn(*lead, n_q, d, generator=g)
+    k = torch.randn(*lead, n_k, d, generator=g)
+    v = torch.randn(*lead, n_k, d, generator=g)
+    do = torch.randn(*lead, n_q, d, generator=g)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v)], do.to(device=device, dtype=dtype)
+
+
+def reference(q, k, v, do, is_causal):
+    """O, L and the gradients in float64 (on the inputs' device)."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o, L = attention_reference(q64, k64, v64, is_causal)
+    o.backward(do.double())
+    return o.detach(), L.detach(), q64.grad, k64.grad, v64.grad
+
+
+def tolerance(dtype, impl):
+    """Relative Frobenius error allowed: fp32 is exact-ish on CPU; Triton's fp32 dots are tf32 on a
+    GPU; bf16/fp16 inputs keep ~3 significant digits."""
+    if dtype == torch.float32:
+        return 5e-3 if (impl == "triton" and ON_GPU) else 1e-5
+    return 2e-2
+
+
+def assert_close_rel(actual, expected, tol, what):
+    """Frobenius error relative to the reference, or to an RMS of 1 where the reference is ~0
+    (a single key makes dQ exactly 0)."""
+    actual = actual.double()
+    err = (actual - expected).norm() / max(expected.norm().item(), expected.numel() ** 0.5)
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    assert err < tol, f"{what}: relative error {err:.3g} > {tol:.1g}"
+
+
+def run_and_check(impl, batch, heads, n_q, n_k, d, is_causal, dtype=torch.float32, seed=0):
+    (q, k, v), do = make_qkv(batch, heads, n_q, n_k, d, dtype, seed=seed)
+    o_ref, L_ref, dq_ref, dk_ref, dv_ref = reference(q, k, v, do, is_causal)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = IMPLS[impl].apply(q, k, v, is_causal)
+    lead = q.shape[:-2]
+    saved_L = [t for t in o.grad_fn.saved_tensors if t.shape == (*lead, n_q)]
+    assert len(saved_L) == 1, "exactly one saved tensor must have shape (batch, [heads,] n_queries)"
+    o.backward(do)
+    tol = tolerance(dtype, impl)
+    assert o.dtype == dtype and saved_L[0].dtype == dtype and o.device == q.device
+    assert_close_rel(o, o_ref, tol, "O")
+    assert_close_rel(saved_L[0], L_ref, tol, "L")
+    for name, t, ref in (("dQ", q, dq_ref), ("dK", k, dk_ref), ("dV", v, dv_ref)):
+        assert t.grad.dtype == dtype and t.grad.shape == t.shape
+        assert_close_rel(t.grad, ref, tol, name)
+
+
+# The course's own case (batch 4, 128 queries and keys, d 64, fp32, tolerance 1e-2 elementwise).
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_course_case(impl, is_causal):
+    (q, k, v), do = make_qkv(4, None, 128, 128, 64)
+    o_ref, L_ref, *grads_ref = reference(q, k, v, do, is_causal)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = IMPLS[impl].apply(q, k, v, is_causal)
+    (L,) = [t for t in o.grad_fn.saved_tensors if t.shape == (4, 128)]
+    o.backward(do)
+    for actual, expected in ((o, o_ref), (L, L_ref), (q.grad, grads_ref[0]), (k.grad, grads_ref[1]),
+                             (v.grad, grads_ref[2])):
+        torch.testing.assert_close(actual.double(), expected, rtol=1e-2, atol=1e-2)
+
+
+# Ragged sizes (not multiples of any tile), n_q != n_k both ways, 3-D and 4-D, d padded (24 -> 32).
+SHAPES = [(2, None, 37, 53, 16), (1, 2, 50, 20, 32), (1, None, 1, 33, 24), (2, 3, 33, 1, 16),
+          (1, None, 64, 64, 80)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_ragged_shapes(impl, shape, is_causal):
+    run_and_check(impl, *shape, is_causal)
+
+
+# Tile shapes that disagree with each other and with the sizes: BLOCK_M != BLOCK_N both ways,
+# the fused backward, tiles wider than the sequence.
+CONFIGS = [
+    (FwdConfig(32, 16), BwdConfig(16, 32, 32, 16)),
+    (FwdConfig(16, 32), BwdConfig(32, 16, 16, 32, fused=True)),
+    (FwdConfig(64, 64), BwdConfig(16, 16, 16, 16, fused=True)),
+]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("fwd,bwd", CONFIGS, ids=["m32n16", "m16n32-fused", "m64n64-fused"])
+def test_triton_tile_configs(fwd, bwd, is_causal):
+    with override(fwd=fwd, bwd=bwd):
+        run_and_check("triton", 2, None, 45, 70, 16, is_causal)
+        run_and_check("triton", 1, 2, 70, 29, 32, is_causal, seed=1)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=attention_problems())
+def test_random_problems(impl, problem):
+    run_and_check(impl, problem["batch"], problem["heads"], problem["n_queries"], problem["n_keys"],
+                  problem["head_dim"], problem["is_causal"])
+
+
+def test_pytorch_tiles_are_honoured():
+    saved = FlashAttentionPyTorch.block_q, FlashAttentionPyTorch.block_k
+    try:
+        FlashAttentionPyTorch.block_q, FlashAttentionPyTorch.block_k = 16, 32
+        run_and_check("pytorch", 1, None, 47, 71, 16, True)
+    finally:
+        FlashAttentionPyTorch.block_q, FlashAttentionPyTorch.block_k = saved
+
+
+def test_flash_attention_entry_point():
+    (q, k, v), _ = make_qkv(1, 2, 40, 40, 16)
+    o_ref, _ = attention_reference(q.double(), k.double(), v.double(), True)
+    for impl in ("triton", "pytorch"):
+        assert_close_rel(flash_attention(q, k, v, is_causal=True, impl=impl), o_ref, 1e-2, impl)
+    with pytest.raises(ValueError, match="impl"):
+        flash_attention(q, k, v, impl="cuda")
+
+
+# -- bad input: ValueError naming the argument ----------------------------------------------------
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_inputs_raise_value_error(impl):
+    Fn = IMPLS[impl]
+    (q, k, v), _ = make_qkv(2, None, 8, 8, 16)
+    cases = [
+        ((q[0], k[0], v[0], False), "q must have shape"),  # 2-D
+        ((q[None, None], k[None, None], v[None, None], False), "q must have shape"),  # 5-D
+        ((q, k.half(), v, False), "k must have q's dtype"),
+        ((q, k, v.half(), False), "v must have q's dtype"),
+        ((q, k[:1], v[:1], False), "k must have q's leading dims"),
+        ((q, k, v[..., :8], False), "v must have k's shape"),
+        ((q, k[..., :8], v[..., :8], False), "k must have q's head dim"),
+        ((q, k.to("meta"), v, False), "k must be on q's device"),
+        ((q, k, v, "yes"), "is_causal"),
+        ((q.numpy(), k, v, False), "q must be a torch.Tensor"),
+    ]
+    if impl == "triton":
+        small = [t[..., :8].contiguous() for t in (q, k, v)]
+        big = [torch.zeros(2, 4, 136, device=q.device) for _ in range(3)]
+        cases += [((*small, False), "head dim must be in 16..128"), ((*big, False), "head dim must be in 16..128"),
+                  ((q.double(), k.double(), v.double(), False), "dtype must be one of")]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            Fn.apply(*args)
+
+
+def test_triton_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    (q, k, v), _ = make_qkv(1, None, 8, 8, 16, device="cpu")
+    with pytest.raises(ValueError, match="q, k, v must be CUDA tensors"):
+        FlashAttentionTriton.apply(q, k, v, False)
+
+
+@pytest.mark.slow
+def test_pytorch_compiled_backward_matches_eager():
+    saved = FlashAttentionPyTorch.compile_backward
+    try:
+        FlashAttentionPyTorch.compile_backward = True
+        run_and_check("pytorch", 2, None, 37, 45, 16, True)
+        run_and_check("pytorch", 1, 2, 33, 20, 32, False)
+    finally:
+        FlashAttentionPyTorch.compile_backward = saved
+
+
+# -- GPU only ------------------------------------------------------------------------------------
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 1000, 1000, 80), (1, 3, 777, 1531, 64), (3, 2, 1200, 300, 128),
+                                   (4, None, 513, 513, 16)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_dtypes_and_odd_sizes(dtype, shape, is_causal):
+    run_and_check("triton", *shape, is_causal, dtype=dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gpu_leaderboard_layout_under_compile(dtype):
+    """Heads folded into batch, torch.compile(Fn.apply), o.sum().backward(): the leaderboard's step
+    at a smaller sequence."""
+    (q, k, v), _ = make_qkv(16, None, 2048, 2048, 64, dtype)
+    do = torch.ones_like(q)
+    o_ref, _, dq_ref, dk_ref, dv_ref = reference(q, k, v, do, True)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    f = torch.compile(FlashAttentionTriton.apply)
+    o = f(q, k, v, True)
+    o.sum().backward()
+    tol = tolerance(dtype, "triton")
+    for name, actual, expected in (("O", o, o_ref), ("dQ", q.grad, dq_ref), ("dK", k.grad, dk_ref),
+                                   ("dV", v.grad, dv_ref)):
+        assert_close_rel(actual, expected, tol, name)
+
+
+@needs_gpu
+def test_gpu_pytorch_fa2_bf16():
+    run_and_check("pytorch", 2, 2, 300, 260, 64, True, dtype=torch.bfloat16)
