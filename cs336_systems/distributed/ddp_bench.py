@@ -1,0 +1,254 @@
+"""Problems 13, 14, 16, 18: time per step and time communicating for every DDP stage, beside
+torch's DistributedDataParallel, in one run (one process group, the same model and data).
+
+    python -m cs336_systems.bench ddp                                   # here: gloo, CPU, 2 ranks
+    python -m cs336_systems.bench ddp --device cuda --backend nccl --size xl     # 2 GPUs
+    torchrun --nproc-per-node 2 -m cs336_systems.distributed.ddp_bench --device cuda --backend nccl --size xl
+
+Rows (results/ddp/steps/<device>.jsonl), one per configuration:
+- `step_ms`: a whole training step (zero_grad, forward, backward, gradient sync, AdamW step),
+  started together after a barrier, the slowest rank's time; median over the timed steps.
+- `sync_ms`: time inside finish_gradient_synchronization(), from "backward done" to "gradients
+  averaged" (the compute stream synchronized at both ends). For naive and flat this is all of their
+  communication; for the overlapped stages it is the tail that backward did not hide.
+- `comm_alone_ms`: the stage's own communication (same calls, same sizes) with no backward to hide
+  behind: what the step would pay if nothing overlapped.
+- `compute-only` is the same step with no wrapper and no communication: step_ms minus its step_ms
+  is the cost of data parallelism.
+A second file (results/ddp/trace/<device>.jsonl) holds one profiled step per stage, reduced by
+step_trace.timeline to compute and communication intervals and the overlap fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cs336_systems.bench.store import ResultStore
+from cs336_systems.distributed import step_trace
+from cs336_systems.distributed.ddp import STAGES
+from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
+
+BENCH, TRACE_BENCH = "ddp/steps", "ddp/trace"
+KEY = ["size", "backend", "device_type", "world_size", "batch_size", "context_length", "stage",
+       "bucket_size_mb"]
+BUCKET_SIZES_MB = [1, 10, 100, 1000]
+# A model a 2-core CPU steps in about a second: 13.5 M parameters (52 MB of fp32 gradients) in 75
+# tensors, so 1, 10, 100 and 1000 MB caps make 52-ish, 6, 1 and 1 buckets.
+CPU_CONFIG = ModelConfig(vocab_size=10_000, context_length=128, d_model=256, num_layers=8,
+                         num_heads=4, d_ff=1024)
+
+
+def model_config(size: str, context_length: int | None) -> ModelConfig:
+    cfg = CPU_CONFIG if size == "ddp-cpu" else get_config(size)
+    return cfg.with_context(context_length) if context_length else cfg
+
+
+def stage_grid(bucket_sizes: list[float], stages: list[str]) -> list[dict[str, Any]]:
+    grid = []
+    for stage in stages:
+        sizes = bucket_sizes if stage == "bucketed" else [None]
+        grid += [{"stage": stage, "bucket_size_mb": b} for b in sizes]
+    return grid
+
+
+def stream_sync(device: torch.device) -> None:
+    """Wait for this stream's work only: collectives in flight on NCCL's stream keep running."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def wrap(stage: str, bucket_size_mb: float | None, module: nn.Module, worker: Worker) -> nn.Module:
+    if stage == "compute-only":
+        return module
+    if stage == "torch-ddp":
+        ids = [worker.device.index] if worker.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(module, device_ids=ids)
+    kwargs = {"bucket_size_mb": bucket_size_mb} if stage == "bucketed" else {}
+    return STAGES[stage](module, **kwargs)
+
+
+def communicate_alone(model: nn.Module, stage: str) -> None:
+    """The stage's communication on the current gradients, with no backward running."""
+    if stage in ("naive", "flat"):
+        model.finish_gradient_synchronization()
+    elif stage in ("overlap", "bucketed"):
+        params = model.params if stage == "overlap" else [p for b in model.buckets for p in b]
+        for p in (reversed(params) if stage == "overlap" else params):  # arrival order
+            model._on_grad_ready(p)
+        model.finish_gradient_synchronization()
+
+
+def _slowest(worker: Worker, times: list[float]) -> list[float]:
+    """Per iteration, the slowest rank's time (ranks drift; the step ends when the last one does)."""
+    gathered: list[list[float]] = [None] * worker.world_size  # type: ignore[list-item]
+    dist.all_gather_object(gathered, times)
+    return [max(r[i] for r in gathered) for i in range(len(times))]
+
+
+def measure(worker: Worker, cfg: ModelConfig, batch_size: int, stage: str,
+            bucket_size_mb: float | None, warmup: int, steps: int, trace: bool) -> tuple[dict, dict | None]:
+    dev = worker.device
+    torch.manual_seed(0)
+    model = wrap(stage, bucket_size_mb, TransformerLM.from_config(cfg, device=dev), worker)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    per_rank = batch_size // worker.world_size
+    g = torch.Generator(device="cpu").manual_seed(1000 + worker.rank)  # each rank its own shard
+    tokens = torch.randint(cfg.vocab_size, (per_rank, cfg.context_length + 1), generator=g).to(dev)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ours = stage in STAGES
+
+    def step() -> tuple[float, float]:
+        if ours:
+            model.on_train_batch_start()
+        optimizer.zero_grad(set_to_none=True)
+        with step_trace.phase("forward"):
+            loss = cross_entropy(model(x).flatten(0, 1), y.flatten())
+        with step_trace.phase("backward"):
+            loss.backward()
+        stream_sync(dev)
+        t_sync = time.perf_counter()
+        with step_trace.phase("sync"):
+            if ours:
+                model.finish_gradient_synchronization()
+            stream_sync(dev)
+        sync = time.perf_counter() - t_sync
+        with step_trace.phase("optimizer"):
+            optimizer.step()
+        return sync
+
+    step_times, sync_times = [], []
+    for i in range(warmup + steps):
+        dist.barrier()
+        stream_sync(dev)
+        start = time.perf_counter()
+        sync = step()
+        torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+        if i >= warmup:
+            step_times.append(time.perf_counter() - start)
+            sync_times.append(sync)
+    alone = []
+    for i in range(3 if ours else 0):  # the stage's communication alone, on the last gradients
+        dist.barrier()
+        stream_sync(dev)
+        start = time.perf_counter()
+        communicate_alone(model, stage)
+        stream_sync(dev)
+        alone.append(time.perf_counter() - start)
+    timeline = None
+    if trace:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if dev.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        dist.barrier()
+        with torch.profiler.profile(activities=activities) as prof:
+            with step_trace.phase("step"):
+                step()
+            torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+        timeline = step_trace.timeline(prof)
+    step_slowest, sync_slowest = _slowest(worker, step_times), _slowest(worker, sync_times)
+    alone_slowest = _slowest(worker, alone) if alone else []
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    calls = {"naive": sum(1 for p in model.parameters() if p.requires_grad),
+             "overlap": sum(1 for p in model.parameters() if p.requires_grad),
+             "flat": 1, "bucketed": len(getattr(model, "buckets", []))}.get(stage)
+    row = {
+        "step_ms": statistics.median(step_slowest) * 1e3,
+        "step_ms_mean": statistics.fmean(step_slowest) * 1e3,
+        "step_ms_std": (statistics.stdev(step_slowest) if steps > 1 else 0.0) * 1e3,
+        "sync_ms": statistics.median(sync_slowest) * 1e3 if ours else None,
+        "comm_alone_ms": statistics.median(alone_slowest) * 1e3 if alone_slowest else None,
+        "allreduce_calls": calls, "grad_bytes": n_params * 4, "warmup": warmup, "steps": steps,
+        "threads_per_rank": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+    return row, timeline
+
+
+def run_grid(worker: Worker, args: argparse.Namespace, grid: list[dict]) -> None:
+    """Every configuration, one after another, in this process group; rank 0 writes the rows."""
+    cfg = model_config(args.size, args.context_length)
+    base = {"size": args.size, "backend": worker.backend, "device_type": worker.device.type,
+            "world_size": worker.world_size, "batch_size": args.batch_size,
+            "context_length": cfg.context_length}
+    stores = None
+    if worker.rank == 0:
+        stores = (ResultStore(BENCH, KEY, root=args.results_dir),
+                  ResultStore(TRACE_BENCH, KEY, root=args.results_dir))
+    todo = [[c for c in grid if not stores[0].has({**base, **c})] if stores else None]
+    dist.broadcast_object_list(todo, src=0)  # every rank runs the same configurations, in order
+    for conf in todo[0]:
+        try:
+            row, timeline = measure(worker, cfg, args.batch_size, conf["stage"],
+                                    conf["bucket_size_mb"], args.warmup, args.steps, args.trace)
+            status = "ok"
+        except torch.cuda.OutOfMemoryError:
+            row, timeline, status = {}, None, "oom"
+        if stores:
+            stores[0].append({**base, **conf}, row, status=status)
+            if timeline is not None:
+                stores[1].append({**base, **conf}, timeline)
+            shown = f"{row['step_ms']:.1f} ms/step" if row else status
+            print(f"[{BENCH}] {conf}: {shown}", file=sys.stderr, flush=True)
+        if worker.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddp", description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    p.add_argument("--size", default="ddp-cpu", help="model preset (small ... 2.7B, tiny) or ddp-cpu")
+    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (torchrun: its own)")
+    p.add_argument("--batch-size", type=int, default=4, help="global batch, split over the ranks")
+    p.add_argument("--context-length", type=int, default=None, help="default: the preset's")
+    p.add_argument("--stages", nargs="+", default=["compute-only", "naive", "flat", "overlap",
+                                                   "bucketed", "torch-ddp"],
+                   choices=["compute-only", *STAGES, "torch-ddp"])
+    p.add_argument("--bucket-sizes-mb", nargs="+", type=float, default=BUCKET_SIZES_MB)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--no-trace", dest="trace", action="store_false", help="skip the profiled step")
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.backend == "nccl" and args.device != "cuda":
+        parser.error("--backend nccl needs --device cuda")
+    if args.size != "ddp-cpu":
+        try:
+            get_config(args.size)
+        except ValueError as exc:
+            parser.error(f"--size: {exc}")
+    world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
+    if world < 1 or args.batch_size % world:
+        parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
+    if args.warmup < 0 or args.steps < 1:
+        parser.error("--warmup must be >= 0 and --steps >= 1")
+    if any(b <= 0 for b in args.bucket_sizes_mb):
+        parser.error("--bucket-sizes-mb must be positive")
+    grid = stage_grid([int(b) if b == int(b) else b for b in args.bucket_sizes_mb], args.stages)
+    if in_torchrun():
+        run_from_env(run_grid, args, grid, backend=args.backend, device=args.device,
+                     timeout_s=args.timeout_s)
+    else:
+        spawn(run_grid, world, args, grid, backend=args.backend, device=args.device,
+              timeout_s=args.timeout_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
