@@ -3,8 +3,8 @@
 docs/index.md runs this at build time, so the map is read off the repository as it is: a module,
 test or results file appears only once it exists. What each chapter owns is declared below; the
 rest is found: the modules a chapter shows (its `--8<--` includes), the results it renders (its
-`results_table(...)` / `load_results(...)` calls), and the test files that import those modules or
-call the course adapters the chapter answers.
+`results_table(...)` / `load_results(...)` calls), and the test files that import its benchmark
+modules.
 
 Run: python snippets/chapter_map.py
 """
@@ -27,22 +27,39 @@ class Chapter:
     page: str  # under docs/
     title: str
     benches: tuple[str, ...] = ()  # names in cs336_systems/bench/registry.py
-    adapters: tuple[str, ...] = ()  # tests/adapters.py functions whose tests prove this chapter
+    modules: tuple[str, ...] = ()  # under cs336_systems/, dotted (shown only once they exist)
+    tests: tuple[str, ...] = ()  # globs under tests/ (besides the tests that import the modules)
 
 
 CHAPTERS = (
-    Chapter("profiling.md", "Profiling and benchmarking", ("model", "end-to-end", "kernels")),
-    Chapter("mixed-precision.md", "Mixed precision", ("accumulation", "end-to-end")),
+    Chapter("profiling.md", "Profiling and benchmarking", ("model", "end-to-end", "kernels"),
+            ("profiling.benchmark", "profiling.steps", "profiling.nvtx", "profiling.torch_profile",
+             "profiling.sweeps", "profiling.kernel_sweep", "bench.timing"),
+            ("test_benchmark*.py", "test_profil*.py", "test_timing*.py")),
+    Chapter("mixed-precision.md", "Mixed precision", ("accumulation", "end-to-end"),
+            ("profiling.mixed_precision", "profiling.sweeps"), ("test_mixed_precision*.py",)),
     Chapter("labs/accumulation.py", "Lab: accumulation in low precision"),
-    Chapter("memory.md", "Memory", ("memory",)),
-    Chapter("attention.md", "Attention and torch.compile", ("attention",)),
+    Chapter("memory.md", "Memory", ("memory",), ("profiling.memory", "profiling.memory_sweep"),
+            ("test_memory*.py",)),
+    Chapter("attention.md", "Attention and torch.compile", ("attention",),
+            ("attention.reference", "attention.pytorch_sweep", "model.attention"),
+            ("test_attention*.py", "test_pytorch_attention*.py")),
     Chapter("flash-attention.md", "FlashAttention-2 in Triton", ("flash-sweep", "flash-leaderboard"),
-            ("get_flashattention_autograd_function_pytorch", "get_flashattention_autograd_function_triton")),
-    Chapter("collectives.md", "Collectives", ("collectives",)),
+            ("attention.weighted_sum", "attention.online_softmax", "attention.flash_pytorch",
+             "attention.flash_triton", "attention.flash_fwd_kernel", "attention.flash_bwd_kernel",
+             "attention.flash_launch", "attention.configs", "attention.api"),
+            ("test_flash*.py", "test_online_softmax*.py", "test_weighted_sum*.py")),
+    Chapter("collectives.md", "Collectives", ("collectives",),
+            ("distributed.collectives_bench", "distributed.launch"), ("test_collectives*.py", "test_launch*.py")),
     Chapter("ddp.md", "Data-parallel training", ("ddp",),
-            ("get_ddp_individual_parameters", "get_ddp_bucketed")),
-    Chapter("communication-accounting.md", "Communication accounting"),
-    Chapter("sharding.md", "Optimizer state sharding", ("sharding",), ("get_sharded_optimizer",)),
+            ("distributed.ddp", "distributed.ddp.naive", "distributed.ddp.flat", "distributed.ddp.overlap",
+             "distributed.ddp.buckets", "distributed.ddp.bucketed", "distributed.step_trace"),
+            ("test_ddp*.py", "test_bucket*.py")),
+    Chapter("communication-accounting.md", "Communication accounting", (),
+            ("sharding.communication_accounting",), ("test_communication_accounting*.py",)),
+    Chapter("sharding.md", "Optimizer state sharding", ("sharding",),
+            ("sharding.sharded_optimizer", "sharding.zero1", "sharding.accounting", "sharding.sharding_bench"),
+            ("test_sharded_optimizer*.py", "test_sharding*.py")),
 )
 
 SNIPPET = re.compile(r'--8<--\s+"(cs336_systems/[^":]+\.py)')
@@ -59,12 +76,13 @@ def module_file(dotted: str) -> Path | None:
 
 def chapter_modules(chapter: Chapter) -> list[str]:
     """Dotted names of the modules behind the chapter's benchmarks and the code it shows."""
-    names = [BENCHMARKS[b].module for b in chapter.benches if module_file(BENCHMARKS[b].module)]
+    names = [f"cs336_systems.{m}" for m in chapter.modules]
+    names += [BENCHMARKS[b].module for b in chapter.benches]
     page = ROOT / "docs" / chapter.page
     if page.exists():
         for rel in SNIPPET.findall(page.read_text()):
             names.append(rel.removesuffix(".py").replace("/", "."))
-    return list(dict.fromkeys(names))
+    return [n for n in dict.fromkeys(names) if module_file(n)]
 
 
 def imported_names(test: Path) -> set[str]:
@@ -78,15 +96,29 @@ def imported_names(test: Path) -> set[str]:
     return names
 
 
-def chapter_tests(chapter: Chapter, modules: list[str]) -> list[tuple[str, list[str]]]:
-    """(test file, markers it uses) for each test that imports the modules or calls the adapters."""
+def helper_texts(test: Path, imports: set[str]) -> str:
+    """Text of the test file and of the tests/ helpers it imports (they may carry `pytestmark`)."""
+    texts = [test.read_text()]
+    for name in imports:
+        if name.startswith("tests."):
+            helper = ROOT / "tests" / (name.split(".")[1] + ".py")
+            if helper.exists() and helper != test:
+                texts.append(helper.read_text())
+    return "\n".join(dict.fromkeys(texts))
+
+
+def chapter_tests(chapter: Chapter) -> list[tuple[str, list[str]]]:
+    """(test file, markers it uses) for the chapter's tests: named for it, or importing one of its
+    benchmark modules (shared modules such as the attention reference or the process launcher are
+    imported by the tests of several chapters, so they do not count)."""
+    benches = [BENCHMARKS[b].module for b in chapter.benches]
     found = []
     for test in sorted((ROOT / "tests").glob("test_*.py")):
-        text = test.read_text()
         imports = imported_names(test)
-        uses_module = any(name == m or name.startswith(m + ".") for name in imports for m in modules)
-        uses_adapter = any(re.search(rf"\b{a}\b", text) for a in chapter.adapters)
-        if uses_module or uses_adapter:
+        named = any(test.match(pattern) for pattern in chapter.tests)
+        uses_module = any(name == m or name.startswith(m + ".") for name in imports for m in benches)
+        if named or uses_module:
+            text = helper_texts(test, imports)
             markers = [m for m in MARKERS if re.search(rf"pytest\.mark\.{m}\b", text)]
             found.append((test.relative_to(ROOT).as_posix(), markers))
     return found
@@ -110,16 +142,16 @@ def page_link(page: str) -> str:
 
 def chapter_map() -> str:
     none = "—"
-    lines = ["| chapter | package modules | tests (markers) | `just` recipe | results |",
+    lines = ["| chapter | modules (in `cs336_systems`) | tests (markers) | `just` recipe | results |",
              "|---|---|---|---|---|"]
     for ch in CHAPTERS:
         modules = chapter_modules(ch)
-        tests = chapter_tests(ch, modules)
+        tests = chapter_tests(ch)
         recipes = [f"`just bench {b}`" for b in ch.benches if module_file(BENCHMARKS[b].module)]
         results = chapter_results(ch)
         cells = [
             f"[{ch.title}]({page_link(ch.page)})",
-            "<br>".join(f"`{m}`" for m in modules) or none,
+            "<br>".join(f"`{m.removeprefix('cs336_systems.')}`" for m in modules) or none,
             "<br>".join(f"`{t}`" + (f" ({', '.join(ms)})" if ms else "") for t, ms in tests) or none,
             "<br>".join(recipes) or none,
             "<br>".join(f"`{r}`" for r in results) or none,
