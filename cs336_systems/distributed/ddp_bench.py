@@ -7,7 +7,8 @@ torch's DistributedDataParallel, in one run (one process group, the same model a
 
 Rows (results/ddp/steps/<device>.jsonl), one per configuration:
 - `step_ms`: a whole training step (zero_grad, forward, backward, gradient sync, AdamW step),
-  started together after a barrier, the slowest rank's time; median over the timed steps.
+  started together after a barrier, the slowest rank's time; median over the timed steps of all
+  rounds (the grid is run `--rounds` times round-robin, so load drift hits every stage alike).
 - `sync_ms`: time inside finish_gradient_synchronization(), from "backward done" to "gradients
   averaged" (the compute stream synchronized at both ends). For naive and flat this is all of their
   communication; for the overlapped stages it is the tail that backward did not hide.
@@ -22,6 +23,7 @@ step_trace.timeline to compute and communication intervals and the overlap fract
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -95,87 +97,127 @@ def _slowest(worker: Worker, times: list[float]) -> list[float]:
     return [max(r[i] for r in gathered) for i in range(len(times))]
 
 
-def measure(worker: Worker, cfg: ModelConfig, batch_size: int, stage: str,
-            bucket_size_mb: float | None, warmup: int, steps: int, trace: bool) -> tuple[dict, dict | None]:
-    dev = worker.device
-    torch.manual_seed(0)
-    model = wrap(stage, bucket_size_mb, TransformerLM.from_config(cfg, device=dev), worker)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    per_rank = batch_size // worker.world_size
-    g = torch.Generator(device="cpu").manual_seed(1000 + worker.rank)  # each rank its own shard
-    tokens = torch.randint(cfg.vocab_size, (per_rank, cfg.context_length + 1), generator=g).to(dev)
-    x, y = tokens[:, :-1], tokens[:, 1:]
-    ours = stage in STAGES
+class StageRun:
+    """One configuration built on this rank: the wrapped model, its optimizer, its data shard."""
 
-    def step() -> tuple[float, float]:
-        if ours:
+    def __init__(self, worker: Worker, cfg: ModelConfig, batch_size: int, stage: str,
+                 bucket_size_mb: float | None):
+        self.worker, self.stage, self.dev = worker, stage, worker.device
+        torch.manual_seed(0)
+        self.model = wrap(stage, bucket_size_mb, TransformerLM.from_config(cfg, device=self.dev), worker)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        per_rank = batch_size // worker.world_size
+        g = torch.Generator(device="cpu").manual_seed(1000 + worker.rank)  # each rank its own shard
+        tokens = torch.randint(cfg.vocab_size, (per_rank, cfg.context_length + 1), generator=g)
+        self.x, self.y = tokens[:, :-1].to(self.dev), tokens[:, 1:].to(self.dev)
+        self.ours = stage in STAGES
+
+    # --8<-- [start:step]
+    def step(self) -> float:
+        """One training step; returns the seconds spent in finish_gradient_synchronization."""
+        model, dev = self.model, self.dev
+        if self.ours:
             model.on_train_batch_start()
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         with step_trace.phase("forward"):
-            loss = cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss = cross_entropy(model(self.x).flatten(0, 1), self.y.flatten())
         with step_trace.phase("backward"):
             loss.backward()
-        stream_sync(dev)
-        t_sync = time.perf_counter()
+        stream_sync(dev)  # backward's kernels done; collectives may still be in flight
+        start = time.perf_counter()
         with step_trace.phase("sync"):
-            if ours:
+            if self.ours:
                 model.finish_gradient_synchronization()
             stream_sync(dev)
-        sync = time.perf_counter() - t_sync
+        sync = time.perf_counter() - start
         with step_trace.phase("optimizer"):
-            optimizer.step()
+            self.optimizer.step()
         return sync
+    # --8<-- [end:step]
 
-    step_times, sync_times = [], []
-    for i in range(warmup + steps):
-        dist.barrier()
-        stream_sync(dev)
-        start = time.perf_counter()
-        sync = step()
-        torch.cuda.synchronize(dev) if dev.type == "cuda" else None
-        if i >= warmup:
-            step_times.append(time.perf_counter() - start)
-            sync_times.append(sync)
-    alone = []
-    for i in range(3 if ours else 0):  # the stage's communication alone, on the last gradients
-        dist.barrier()
-        stream_sync(dev)
-        start = time.perf_counter()
-        communicate_alone(model, stage)
-        stream_sync(dev)
-        alone.append(time.perf_counter() - start)
-    timeline = None
-    if trace:
+    def timed_steps(self, warmup: int, steps: int) -> tuple[list[float], list[float]]:
+        """(step seconds, sync seconds) of `steps` steps after `warmup`, each started together."""
+        step_times, sync_times = [], []
+        for i in range(warmup + steps):
+            dist.barrier()
+            full_sync(self.dev)
+            start = time.perf_counter()
+            sync = self.step()
+            full_sync(self.dev)
+            if i >= warmup:
+                step_times.append(time.perf_counter() - start)
+                sync_times.append(sync)
+        return step_times, sync_times
+
+    def comm_alone(self, repeats: int = 3) -> list[float]:
+        """The stage's own communication on the last gradients, with no backward to hide behind."""
+        times = []
+        for _ in range(repeats if self.ours else 0):
+            dist.barrier()
+            full_sync(self.dev)
+            start = time.perf_counter()
+            communicate_alone(self.model, self.stage)
+            full_sync(self.dev)
+            times.append(time.perf_counter() - start)
+        return times
+
+    def traced_step(self) -> dict:
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if dev.type == "cuda":
+        if self.dev.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         dist.barrier()
         with torch.profiler.profile(activities=activities) as prof:
             with step_trace.phase("step"):
-                step()
-            torch.cuda.synchronize(dev) if dev.type == "cuda" else None
-        timeline = step_trace.timeline(prof)
-    step_slowest, sync_slowest = _slowest(worker, step_times), _slowest(worker, sync_times)
-    alone_slowest = _slowest(worker, alone) if alone else []
-    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    calls = {"naive": sum(1 for p in model.parameters() if p.requires_grad),
-             "overlap": sum(1 for p in model.parameters() if p.requires_grad),
-             "flat": 1, "bucketed": len(getattr(model, "buckets", []))}.get(stage)
-    row = {
-        "step_ms": statistics.median(step_slowest) * 1e3,
-        "step_ms_mean": statistics.fmean(step_slowest) * 1e3,
-        "step_ms_std": (statistics.stdev(step_slowest) if steps > 1 else 0.0) * 1e3,
-        "sync_ms": statistics.median(sync_slowest) * 1e3 if ours else None,
-        "comm_alone_ms": statistics.median(alone_slowest) * 1e3 if alone_slowest else None,
-        "allreduce_calls": calls, "grad_bytes": n_params * 4, "warmup": warmup, "steps": steps,
+                self.step()
+            full_sync(self.dev)
+        return step_trace.timeline(prof)
+
+    def calls(self) -> int | None:
+        trainable = sum(1 for p in self.model.parameters() if p.requires_grad)
+        return {"naive": trainable, "overlap": trainable, "flat": 1,
+                "bucketed": len(getattr(self.model, "buckets", []))}.get(self.stage)
+
+
+def full_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _slowest(worker: Worker, times: list[float]) -> list[float]:
+    """Per iteration, the slowest rank's time (ranks drift; the step ends when the last one does)."""
+    gathered: list[list[float]] = [None] * worker.world_size  # type: ignore[list-item]
+    dist.all_gather_object(gathered, times)
+    return [max(r[i] for r in gathered) for i in range(len(times))]
+
+
+def summarize(worker: Worker, run: StageRun, step_times: list[float], sync_times: list[float],
+              alone: list[float], rounds: int) -> dict[str, Any]:
+    steps = _slowest(worker, step_times)
+    syncs = _slowest(worker, sync_times)
+    alone = _slowest(worker, alone) if alone else []
+    ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    return {
+        "step_ms": ms(steps), "step_ms_mean": statistics.fmean(steps) * 1e3,
+        "step_ms_std": (statistics.stdev(steps) if len(steps) > 1 else 0.0) * 1e3,
+        "sync_ms": ms(syncs) if run.ours else None,
+        "comm_alone_ms": ms(alone) if alone else None,
+        "allreduce_calls": run.calls(),
+        "grad_bytes": sum(p.numel() * p.element_size() for p in run.model.parameters()
+                          if p.requires_grad),
+        "timed_steps": len(steps), "rounds": rounds,
         "threads_per_rank": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
         "loadavg_1m": os.getloadavg()[0],
     }
-    return row, timeline
 
 
 def run_grid(worker: Worker, args: argparse.Namespace, grid: list[dict]) -> None:
-    """Every configuration, one after another, in this process group; rank 0 writes the rows."""
+    """Every configuration in this one process group; rank 0 writes the rows.
+
+    The grid is run `rounds` times, round-robin, with `steps` timed steps per configuration per
+    round: on a shared machine the load drifts, and interleaving spreads the drift over every
+    configuration instead of charging it to whichever ran at a bad moment. Rows are written in the
+    last round, as each configuration finishes.
+    """
     cfg = model_config(args.size, args.context_length)
     base = {"size": args.size, "backend": worker.backend, "device_type": worker.device.type,
             "world_size": worker.world_size, "batch_size": args.batch_size,
@@ -186,21 +228,38 @@ def run_grid(worker: Worker, args: argparse.Namespace, grid: list[dict]) -> None
                   ResultStore(TRACE_BENCH, KEY, root=args.results_dir))
     todo = [[c for c in grid if not stores[0].has({**base, **c})] if stores else None]
     dist.broadcast_object_list(todo, src=0)  # every rank runs the same configurations, in order
-    for conf in todo[0]:
-        try:
-            row, timeline = measure(worker, cfg, args.batch_size, conf["stage"],
-                                    conf["bucket_size_mb"], args.warmup, args.steps, args.trace)
-            status = "ok"
-        except torch.cuda.OutOfMemoryError:
-            row, timeline, status = {}, None, "oom"
-        if stores:
-            stores[0].append({**base, **conf}, row, status=status)
-            if timeline is not None:
-                stores[1].append({**base, **conf}, timeline)
-            shown = f"{row['step_ms']:.1f} ms/step" if row else status
-            print(f"[{BENCH}] {conf}: {shown}", file=sys.stderr, flush=True)
-        if worker.device.type == "cuda":
-            torch.cuda.empty_cache()
+    acc: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(todo[0]))}
+    failed: set[int] = set()
+    for rnd in range(args.rounds):
+        last = rnd == args.rounds - 1
+        for i, conf in enumerate(todo[0]):
+            if i in failed:
+                continue
+            row, timeline, status = {}, None, "ok"
+            try:
+                run = StageRun(worker, cfg, args.batch_size, conf["stage"], conf["bucket_size_mb"])
+                step_times, sync_times = run.timed_steps(args.warmup, args.steps)
+                acc[i][0].extend(step_times)
+                acc[i][1].extend(sync_times)
+                if last:
+                    alone = run.comm_alone()
+                    timeline = run.traced_step() if args.trace else None
+                    row = summarize(worker, run, *acc[i], alone, args.rounds)
+                del run
+            except torch.cuda.OutOfMemoryError:
+                status = "oom"
+                failed.add(i)
+            gc.collect()  # the wrappers' hooks form reference cycles: free the model now
+            if worker.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if stores and (last or status != "ok"):
+                stores[0].append({**base, **conf}, row, status=status)
+                if timeline is not None:
+                    stores[1].append({**base, **conf}, timeline)
+            if stores:
+                shown = f"{statistics.median(acc[i][0]) * 1e3:.1f} ms/step" if acc[i][0] else status
+                print(f"[{BENCH}] round {rnd + 1}/{args.rounds} {conf}: {shown}", file=sys.stderr,
+                      flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,8 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "bucketed", "torch-ddp"],
                    choices=["compute-only", *STAGES, "torch-ddp"])
     p.add_argument("--bucket-sizes-mb", nargs="+", type=float, default=BUCKET_SIZES_MB)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration per round")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per configuration per round")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="passes over the grid, round-robin (a shared CPU's load drifts; 1 on GPUs)")
     p.add_argument("--no-trace", dest="trace", action="store_false", help="skip the profiled step")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
@@ -236,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
     if world < 1 or args.batch_size % world:
         parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
-    if args.warmup < 0 or args.steps < 1:
-        parser.error("--warmup must be >= 0 and --steps >= 1")
+    if args.warmup < 0 or args.steps < 1 or args.rounds < 1:
+        parser.error("--warmup must be >= 0, --steps and --rounds >= 1")
     if any(b <= 0 for b in args.bucket_sizes_mb):
         parser.error("--bucket-sizes-mb must be positive")
     grid = stage_grid([int(b) if b == int(b) else b for b in args.bucket_sizes_mb], args.stages)

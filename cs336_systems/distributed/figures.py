@@ -1,0 +1,104 @@
+"""Figures of the collectives and DDP chapters, drawn from the results files at docs build time.
+
+Each function returns an inline SVG string (text kept as text, deterministic ids), so a chapter
+prints it from a markdown-exec block with html="1" and no image file is committed.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from cs336_systems.distributed.bucket_model import BucketModel  # noqa: E402
+
+COMPUTE, COMM = "#4c72b0", "#dd8452"
+PHASE_COLORS = {"forward": "#a6cee3", "backward": "#1f78b4", "sync": "#fb9a99", "optimizer": "#b2df8a"}
+
+
+def svg(fig: plt.Figure) -> str:
+    """The figure as an inline <svg> element (no XML prologue), then closed."""
+    buf = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "cs336"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def collectives(df: pd.DataFrame) -> plt.Figure:
+    """All-reduce time and bus bandwidth against size, one line per (backend, world size)."""
+    ok = df[df["status"] == "ok"].sort_values("size_bytes")
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for (backend, device, world), g in ok.groupby(["backend", "device_type", "world_size"]):
+        label = f"{backend}+{device.upper()}, {world} ranks"
+        ax_t.plot(g["size_bytes"] / 2**20, g["time_ms"], marker="o", label=label)
+        ax_b.plot(g["size_bytes"] / 2**20, g["busbw_gbps"], marker="o", label=label)
+    ax_t.set(xscale="log", yscale="log", xlabel="tensor size (MB)", ylabel="all-reduce time (ms)",
+             title="time (median of the slowest rank)")
+    ax_b.set(xscale="log", xlabel="tensor size (MB)", ylabel="bus bandwidth (GB/s)",
+             title="bus bandwidth = bytes/time x 2(n-1)/n")
+    for ax in (ax_t, ax_b):
+        ax.grid(True, which="both", alpha=0.3)
+    ax_b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def stage_label(row: pd.Series | dict) -> str:
+    if row["stage"] == "bucketed":
+        mb = row["bucket_size_mb"]
+        return f"bucketed {mb:g} MB" if mb is not None and not pd.isna(mb) else "bucketed (one)"
+    return str(row["stage"])
+
+
+def timelines(traces: pd.DataFrame) -> plt.Figure:
+    """One profiled step per stage: phases, compute and communication on a shared time axis."""
+    rows = traces.to_dict("records")
+    fig, ax = plt.subplots(figsize=(10, 0.75 * len(rows) + 1.2))
+    ticks, labels = [], []
+    for i, row in enumerate(rows):
+        y = (len(rows) - 1 - i) * 3.0
+        for name, (a, b) in row["phases"].items():
+            if name in PHASE_COLORS:
+                ax.broken_barh([(a, b - a)], (y + 2.0, 0.7), color=PHASE_COLORS[name])
+        ax.broken_barh([(a, b - a) for a, b in row["compute"]], (y + 1.0, 0.8), color=COMPUTE)
+        ax.broken_barh([(a, b - a) for a, b in row["comm"]], (y, 0.8), color=COMM)
+        frac = row.get("overlap_fraction")
+        ticks.append(y + 1.3)
+        labels.append(stage_label(row) + (f"\n{frac:.0%} of comm hidden" if frac is not None else ""))
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.set_xlabel("ms from the start of the step (rank 0)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in
+               [*PHASE_COLORS.values(), COMPUTE, COMM]]
+    ax.legend(handles, [*PHASE_COLORS, "backward compute", "all-reduce running"], ncol=6,
+              fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / len(rows)))
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def bucket_model(model: BucketModel, measured: pd.DataFrame | None = None) -> plt.Figure:
+    """Predicted exposed communication over bucket size, with the measured overhead beside it.
+
+    `measured`: columns bucket_bytes and overhead_ms (step time minus compute-only step time).
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    b = np.geomspace(model.s / 2000, model.s * 2, 400)
+    ax.plot(b / 2**20, [model.overhead_for_bucket(x) * 1e3 for x in b], color=COMPUTE,
+            label="model: n_b·o + s/(n_b·w)")
+    ax.axvline(model.optimal_bucket_bytes / 2**20, color=COMPUTE, ls="--", lw=1,
+               label=f"b* = sqrt(s·w·o) = {model.optimal_bucket_bytes / 2**20:.3g} MB")
+    if measured is not None and not measured.empty:
+        ax.plot(measured["bucket_bytes"] / 2**20, measured["overhead_ms"], "o", color=COMM,
+                label="measured: step - compute-only step")
+    ax.set(xscale="log", yscale="log", xlabel="bucket size (MB)", ylabel="exposed communication (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

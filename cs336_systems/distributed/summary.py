@@ -1,0 +1,127 @@
+"""Tables and derived numbers of the collectives and DDP chapters, computed from results at build time.
+
+    ```python exec="on"
+    from cs336_systems.distributed import summary
+    print(summary.ddp_table("cpu"))
+    ```
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cs336_systems.distributed import figures
+from cs336_systems.distributed.bucket_model import BucketModel, fit_latency_bandwidth
+from cs336_systems.distributed.collectives_bench import BENCH as COLLECTIVES
+from cs336_systems.distributed.collectives_bench import KEY as COLLECTIVES_KEY
+from cs336_systems.distributed.ddp_bench import BENCH as STEPS
+from cs336_systems.distributed.ddp_bench import KEY as STEPS_KEY
+from cs336_systems.distributed.ddp_bench import TRACE_BENCH
+from cs336_systems.report import load_results, markdown_table, provenance_line
+
+RUN_KEY = ["size", "backend", "device_type", "world_size", "batch_size", "context_length"]
+
+
+def _latest(df: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """The newest row of each configuration (a re-measured cell replaces the old one)."""
+    if df.empty:
+        return df
+    df = df.copy()
+    df["bucket_size_mb"] = df.get("bucket_size_mb")
+    return df.sort_values("time_utc").drop_duplicates(
+        [k for k in key if k in df], keep="last").reset_index(drop=True)
+
+
+def collectives(device: str = "cpu") -> pd.DataFrame:
+    return _latest(load_results(COLLECTIVES, device), COLLECTIVES_KEY)
+
+
+def collectives_table(device: str = "cpu") -> str:
+    df = collectives(device).sort_values(["backend", "world_size", "size_bytes"])
+    shown = pd.DataFrame({
+        "backend": df["backend"] + "+" + df["device_type"].str.upper(),
+        "ranks": df["world_size"], "size (MB)": df["size_mb"],
+        "time (ms)": [r["time_ms"] if r["status"] == "ok" else r["status"].upper()
+                      for r in df.to_dict("records")],
+        "± std": df.get("time_ms_std"), "algbw (GB/s)": df.get("algbw_gbps"),
+        "busbw (GB/s)": df.get("busbw_gbps"), "ranks per core": df.get("ranks_per_core"),
+        "load avg": df.get("loadavg_1m"),
+    })
+    return markdown_table(shown, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(COLLECTIVES, device))
+
+
+def collectives_svg(device: str = "cpu") -> str:
+    return figures.svg(figures.collectives(collectives(device)))
+
+
+def ddp_steps(device: str = "cpu") -> pd.DataFrame:
+    """Latest row per configuration, with `overhead_ms`: step time minus the compute-only step
+    of the same run configuration (what data parallelism costs on top of the computation)."""
+    df = _latest(load_results(STEPS, device), STEPS_KEY)
+    df = df[df["status"] == "ok"].copy()
+    base = df[df["stage"] == "compute-only"].set_index(RUN_KEY)["step_ms"]
+    df["overhead_ms"] = [r["step_ms"] - base.get(tuple(r[k] for k in RUN_KEY), float("nan"))
+                         for r in df.to_dict("records")]
+    df["label"] = [figures.stage_label(r) for r in df.to_dict("records")]
+    return df
+
+
+STAGE_ORDER = ["compute-only", "naive", "flat", "overlap", "bucketed", "torch-ddp"]
+
+
+def ddp_table(device: str = "cpu", size: str | None = None) -> str:
+    df = ddp_steps(device)
+    if size is not None:
+        df = df[df["size"] == size]
+    df = df.assign(order=df["stage"].map(STAGE_ORDER.index)).sort_values(
+        ["size", "world_size", "order", "bucket_size_mb"])
+    shown = pd.DataFrame({
+        "model": df["size"], "ranks": df["world_size"], "stage": df["label"],
+        "all-reduce calls": df["allreduce_calls"],
+        "step (ms)": df["step_ms"], "± std": df["step_ms_std"],
+        "over compute-only (ms)": df["overhead_ms"],
+        "in finish_gradient_synchronization (ms)": df["sync_ms"],
+        "communication alone (ms)": df["comm_alone_ms"],
+    })
+    return markdown_table(shown, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(STEPS, device))
+
+
+def traces(device: str = "cpu", size: str | None = None) -> pd.DataFrame:
+    df = _latest(load_results(TRACE_BENCH, device), STEPS_KEY)
+    if size is not None:
+        df = df[df["size"] == size]
+    return df.assign(order=df["stage"].map(STAGE_ORDER.index)).sort_values(
+        ["order", "bucket_size_mb"]).reset_index(drop=True)
+
+
+def timelines_svg(device: str = "cpu", size: str | None = None) -> str:
+    return figures.svg(figures.timelines(traces(device, size)))
+
+
+def fitted_bucket_model(device: str = "cpu", size: str | None = None) -> BucketModel:
+    """o and w fitted to the all-reduce benchmark (same backend and rank count as the DDP run),
+    s = the DDP model's gradient bytes."""
+    steps = ddp_steps(device)
+    if size is not None:
+        steps = steps[steps["size"] == size]
+    run = steps[steps["stage"] == "bucketed"].iloc[0]
+    coll = collectives(device)
+    coll = coll[(coll["status"] == "ok") & (coll["backend"] == run["backend"])
+                & (coll["world_size"] == run["world_size"])]
+    o, w = fit_latency_bandwidth(coll["size_bytes"].tolist(), (coll["time_ms"] / 1e3).tolist())
+    return BucketModel(s=float(run["grad_bytes"]), w=w, o=o)
+
+
+def bucket_model_svg(device: str = "cpu", size: str | None = None) -> str:
+    model = fitted_bucket_model(device, size)
+    steps = ddp_steps(device)
+    if size is not None:
+        steps = steps[steps["size"] == size]
+    bucketed = steps[steps["stage"] == "bucketed"]
+    measured = pd.DataFrame({"bucket_bytes": bucketed["bucket_size_mb"] * 2**20,
+                             "overhead_ms": bucketed["overhead_ms"]})
+    return figures.svg(figures.bucket_model(model, measured))
+
+
+def _source(bench: str, device: str) -> str:
+    return f"results/{bench}/{device}.jsonl"

@@ -1,0 +1,62 @@
+"""The collectives and DDP benchmarks end to end on tiny grids (2 gloo ranks), and their argument
+checks. The committed grids are the defaults; here everything is shrunk to seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cs336_systems.distributed import collectives_bench, ddp_bench
+
+pytestmark = pytest.mark.distributed
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_collectives_rows_and_skips(tmp_path):
+    argv = ["--backend", "gloo", "nccl", "--world-sizes", "2", "--sizes-mb", "0.5", "1",
+            "--iters", "2", "--results-dir", str(tmp_path)]
+    assert collectives_bench.main(argv) == 0
+    rows = _rows(tmp_path / "collectives/all_reduce/cpu.jsonl")
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {(r["backend"], r["size_mb"]) for r in ok} == {("gloo", 0.5), ("gloo", 1)}
+    for r in ok:
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # 2 ranks: 2(n-1)/n = 1
+        assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_ms"] / 1e6)
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    if not __import__("torch").cuda.device_count() >= 2:
+        assert {r["backend"] for r in skipped} == {"nccl"} and "GPU" in skipped[0]["error"]
+    assert collectives_bench.main(argv) == 0  # resumes: nothing new measured, no duplicate skips
+    assert len(_rows(tmp_path / "collectives/all_reduce/cpu.jsonl")) == len(rows)
+
+
+def test_ddp_bench_rows_and_traces(tmp_path):
+    argv = ["--size", "tiny", "--stages", "compute-only", "flat", "bucketed", "torch-ddp",
+            "--bucket-sizes-mb", "0.1", "--warmup", "1", "--steps", "1", "--rounds", "1",
+            "--results-dir", str(tmp_path)]
+    assert ddp_bench.main(argv) == 0
+    rows = {r["stage"]: r for r in _rows(tmp_path / "ddp/steps/cpu.jsonl")}
+    assert set(rows) == {"compute-only", "flat", "bucketed", "torch-ddp"}
+    assert all(r["status"] == "ok" and r["step_ms"] > 0 for r in rows.values())
+    assert rows["flat"]["allreduce_calls"] == 1 and rows["bucketed"]["allreduce_calls"] > 1
+    assert rows["flat"]["sync_ms"] > 0 and rows["torch-ddp"]["sync_ms"] is None
+    traces = {r["stage"]: r for r in _rows(tmp_path / "ddp/trace/cpu.jsonl")}
+    assert traces["flat"]["overlap_fraction"] == pytest.approx(0.0, abs=0.05)  # comm after backward
+    assert traces["compute-only"]["comm"] == []
+    assert set(traces["bucketed"]["phases"]) >= {"forward", "backward", "sync", "optimizer"}
+
+
+@pytest.mark.parametrize("module, argv, word", [
+    (collectives_bench, ["--world-sizes", "1"], "--world-sizes"),
+    (collectives_bench, ["--sizes-mb", "0"], "--sizes-mb"),
+    (ddp_bench, ["--backend", "nccl"], "--backend"),
+    (ddp_bench, ["--size", "huge"], "--size"),
+    (ddp_bench, ["--batch-size", "3"], "--batch-size"),
+])
+def test_bad_arguments_exit_2(module, argv, word, capsys):
+    with pytest.raises(SystemExit) as info:
+        module.main(argv)
+    assert info.value.code == 2 and word in capsys.readouterr().err
