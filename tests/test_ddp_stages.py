@@ -92,10 +92,32 @@ def _double_backward_error(worker: Worker, stage: str, kwargs: dict) -> str:
     return ""
 
 
+def _reentrant_checkpoint_error(worker: Worker, stage: str, kwargs: dict) -> str:
+    """A reentrant checkpoint runs an inner backward: the tied weight then accumulates twice in
+    one step (once inside, once outside). The overlapped stages must refuse, not send half of it."""
+    from torch.utils.checkpoint import checkpoint
+
+    ddp = STAGES[stage](make_model("ToyModelWithTiedWeights", seed=0), **kwargs)
+    m = ddp.module
+    x, y = shard(make_batches(1, BATCH)[0], worker.rank, worker.world_size)
+    x.requires_grad_(True)
+    try:
+        inner = checkpoint(lambda t: m.relu(m.fc2(m.relu(m.fc1(t)))), x, use_reentrant=True)
+        out = m.fc5(m.relu(m.fc4(m.relu(m.fc3(inner)))))  # fc4 shares fc2's weight
+        nn.functional.mse_loss(out, y).backward()
+    except RuntimeError as exc:
+        return str(exc)
+    finally:
+        ddp.finish_gradient_synchronization()
+        dist.barrier()
+    return ""
+
+
 def _run_all(worker: Worker) -> dict:
     out = {cid: _train_one(worker, *case) for cid, case in zip(CASE_IDS, CASES)}
-    out["double_backward"] = {stage: _double_backward_error(worker, stage, kwargs)
-                              for stage, kwargs in [("overlap", {}), ("bucketed", {"bucket_size_mb": 0.01})]}
+    overlapped = [("overlap", {}), ("bucketed", {"bucket_size_mb": 0.01})]
+    out["double_backward"] = {s: _double_backward_error(worker, s, k) for s, k in overlapped}
+    out["reentrant"] = {s: _reentrant_checkpoint_error(worker, s, k) for s, k in overlapped}
     return out
 
 
@@ -140,9 +162,24 @@ def test_frozen_and_unused_parameters(ranks, stage, kwargs):
 
 
 @pytest.mark.parametrize("stage", ["overlap", "bucketed"])
-def test_second_backward_without_finish_raises(ranks, stage):
+def test_second_accumulation_before_finish_raises(ranks, stage):
     for r in ranks:
         assert "no_sync" in r["double_backward"][stage]
+        assert "accumulated again" in r["reentrant"][stage]
+
+
+def test_tied_weight_hook_fires_once_per_backward():
+    """Autograd sums a leaf's contributions before its AccumulateGrad node runs, so the tied weight's
+    post-accumulate hook fires once per backward, like every other parameter's."""
+    model = make_model("ToyModelWithTiedWeights", seed=0)
+    fired: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(
+                lambda p, name=name: fired.__setitem__(name, fired.get(name, 0) + 1))
+    x, y = make_batches(1, BATCH)[0]
+    nn.functional.mse_loss(model(x), y).backward()
+    assert fired == {"fc1.weight": 1, "fc2.fc.weight": 1, "fc3.weight": 1, "fc5.weight": 1}
 
 
 def test_tied_weight_appears_once():
