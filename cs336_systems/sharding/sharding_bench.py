@@ -20,12 +20,15 @@ the allocator's current bytes and its peak since the previous point. On CPU ther
 to ask; the tensor bytes are the measurement.
 Time (results/sharding/step_time): `steps` timed steps after `warmup`; a step lasts as long as
 its slowest rank; also the optimizer step alone (where the sharded methods communicate).
+Collectives (results/sharding/collectives): each method's communication pattern timed alone on the
+model's sizes (all-reduce; per-parameter broadcasts; reduce-scatter; all-gather).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import statistics
 import sys
@@ -42,12 +45,13 @@ from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, 
 from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
 
 from .accounting import MemoryProbe, saved_activation_bytes
-from .sharded_optimizer import ShardedOptimizer
-from .zero1 import ZeRO1Optimizer
+from .sharded_optimizer import ShardedOptimizer, assign_to_ranks
+from .zero1 import ZeRO1Optimizer, _all_gather, _reduce_scatter
 
-MEMORY_BENCH, TIME_BENCH = "sharding/memory", "sharding/step_time"
+MEMORY_BENCH, TIME_BENCH, COMM_BENCH = "sharding/memory", "sharding/step_time", "sharding/collectives"
 METHODS = ["ddp", "sharded", "zero1", "zero_redundancy"]
 CELL_KEY = ["method", "ddp", "size", "world_size", "backend", "device_type", "batch", "context"]
+COMM_KEY = ["op", "size", "world_size", "backend", "device_type"]
 # Small enough for 2 CPU processes on 2 cores, large enough that optimizer state is visible (9.3M params).
 CPU_SMALL = ModelConfig(vocab_size=10_000, context_length=128, d_model=256, num_layers=4,
                         num_heads=8, d_ff=1024)
@@ -147,6 +151,48 @@ def measure_method(worker: Worker, method: str, ddp: str, cfg: ModelConfig, batc
         "cpu_cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0]}}  # was the host busy?
 
 
+# --8<-- [start:collectives]
+def measure_collectives(worker: Worker, cfg: ModelConfig, reps: int = 5) -> list[dict[str, Any]]:
+    """The communication of one optimizer step of each method, alone, on the model's fp32 sizes:
+    DDP's all-reduce of all gradients; the course's per-parameter broadcasts from the owners;
+    ZeRO-1's reduce-scatter and all-gather of the flat buffer."""
+    with torch.device("meta"):
+        shapes = [p.shape for p in TransformerLM.from_config(cfg).parameters()]
+    N, dev = worker.world_size, worker.device
+    numel = sum(math.prod(s) for s in shapes)
+    shard = -(-numel // N)
+    flat = torch.randn(shard * N, device=dev)
+    part = torch.empty(shard, device=dev)
+    tensors = [torch.randn(s, device=dev) for s in shapes]
+    owners = assign_to_ranks([t.numel() for t in tensors], N)
+
+    def broadcasts():
+        for h in [dist.broadcast(t, src=o, async_op=True) for t, o in zip(tensors, owners)]:
+            h.wait()
+
+    ops = {"all_reduce": lambda: dist.all_reduce(flat),
+           "reduce_scatter": lambda: _reduce_scatter(part, flat),
+           "all_gather": lambda: _all_gather(flat, part),
+           "broadcast_per_parameter": broadcasts}
+    rows = []
+    for op, fn in ops.items():
+        fn()
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            synchronize(dev)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(dev)
+            times.append(time.perf_counter() - t0)
+        times = _slowest(worker, times)
+        rows.append({"op": op, "bytes": numel * 4, "tensors": len(tensors) if op.startswith("broadcast") else 1,
+                     "reps": reps, "ms": statistics.median(times) * 1e3,
+                     "ms_min": min(times) * 1e3, "loadavg_1m": os.getloadavg()[0]})
+    return rows
+# --8<-- [end:collectives]
+
+
 def _measure_all(worker: Worker, cells: list[dict], cfg: ModelConfig, warmup: int,
                  steps: int) -> list[dict]:
     return [measure_method(worker, c["method"], c["ddp"], cfg, c["batch"], warmup, steps)
@@ -174,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                    help="default: gloo on cpu, nccl on cuda")
+    p.add_argument("--no-collectives", dest="collectives", action="store_false",
+                   help="skip timing the four communication patterns alone on the model's sizes")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=600.0)
@@ -204,8 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.device == "cpu" else None  # None: the store names the GPU
     times = ResultStore(TIME_BENCH, CELL_KEY, device=device, root=args.results_dir)
     memory = ResultStore(MEMORY_BENCH, CELL_KEY + ["point"], device=device, root=args.results_dir)
+    comm = ResultStore(COMM_BENCH, COMM_KEY, device=device, root=args.results_dir)
+    comm_cell = {"size": args.size, "world_size": world, "backend": args.backend,
+                 "device_type": args.device}
     if in_torchrun():
-        return _main_torchrun(args, cells, cfg, times, memory)
+        return _main_torchrun(args, cells, cfg, times, memory, comm, comm_cell)
 
     def measure(cell: dict) -> dict:  # one fresh process group per method: clean memory counters
         result = spawn(_measure_all, world, [cell], cfg, args.warmup, args.steps,
@@ -214,15 +265,25 @@ def main(argv: list[str] | None = None) -> int:
         return result["time"]
 
     run_sweep(times, cells, measure, desc="sharding")
+    if args.collectives and not comm.has({**comm_cell, "op": "all_reduce"}):
+        for row in spawn(measure_collectives, world, cfg, backend=args.backend, device=args.device,
+                         timeout_s=args.timeout_s)[0]:
+            comm.append({**comm_cell, "op": row.pop("op")}, row)
     return 0
 
 
-def _main_torchrun(args, cells, cfg, times: ResultStore, memory: ResultStore) -> int:
+def _main_torchrun(args, cells, cfg, times: ResultStore, memory: ResultStore, comm: ResultStore,
+                   comm_cell: dict) -> int:
     """One rank of a torchrun job: every method in turn in one process group; rank 0 writes."""
 
     def body(worker: Worker) -> None:
-        todo = [[c for c in cells if not times.has(c)] if worker.rank == 0 else None]
+        todo = [[c for c in cells if not times.has(c)] if worker.rank == 0 else None,
+                args.collectives and not comm.has({**comm_cell, "op": "all_reduce"})]
         dist.broadcast_object_list(todo, src=0)  # every rank runs the same methods, in order
+        if todo[1]:
+            for row in measure_collectives(worker, cfg):
+                if worker.rank == 0:
+                    comm.append({**comm_cell, "op": row.pop("op")}, row)
         for cell in todo[0]:
             result = _measure_all(worker, [cell], cfg, args.warmup, args.steps)[0]
             if worker.rank == 0:

@@ -1,0 +1,192 @@
+"""Markdown tables for docs/sharding.md and docs/communication-accounting.md, rendered at build time.
+
+Computed tables call the accounting functions; measured tables read results/sharding/ and end with
+the provenance line. Nothing here holds a number of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from cs336_systems.model import count_parameters, get_config
+from cs336_systems.report import load_results, markdown_table, provenance_line
+from cs336_systems.bench.store import REPO_ROOT, results_path
+
+from . import accounting as acc
+from . import communication_accounting as ca
+from .sharding_bench import COMM_BENCH, MEMORY_BENCH, METHODS, TIME_BENCH
+
+MIB, GB = 1024 ** 2, 1e9
+POINTS = ["after_init", "before_step", "after_step"]
+METHOD_NAMES = {"ddp": "DDP + AdamW", "sharded": "DDP + ShardedOptimizer (course)",
+                "zero1": "ZeRO1Optimizer (ours)", "zero_redundancy": "DDP + ZeroRedundancyOptimizer"}
+STAGE_NAMES = {"ddp": "DDP", "sharded": "course ShardedOptimizer", "zero1": "ZeRO-1",
+               "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+
+
+def _source(bench: str, device: str) -> str:
+    return str(results_path(bench, device, REPO_ROOT / "results").relative_to(REPO_ROOT))
+
+
+def _order(df: pd.DataFrame, column: str, order: list[str]) -> pd.DataFrame:
+    """Rows in the given order of `column`, stable (an earlier ordering survives within ties)."""
+    rank = df[column].map({v: i for i, v in enumerate(order)})
+    return df.assign(_o=rank).sort_values("_o", kind="stable").drop(columns="_o")
+
+
+def measured_memory_table(device: str = "cpu") -> str:
+    """Per-rank MiB by kind at the three points, one row per (method, point)."""
+    df = load_results(MEMORY_BENCH, device, status="ok")
+    df = df.sort_values("time_utc").drop_duplicates(["method", "point"], keep="last")
+    df = _order(_order(df, "point", POINTS), "method", METHODS)
+    cols = {"params_bytes": "params", "grads_bytes": "grads", "state_bytes": "optimizer state",
+            "activations_bytes": "activations", "tensor_bytes": "sum"}
+    if "peak_bytes" in df:
+        cols.update({"allocated_bytes": "allocated", "peak_bytes": "peak since previous point"})
+    out = pd.DataFrame({"method": df["method"].map(METHOD_NAMES), "point": df["point"]})
+    for c, name in cols.items():
+        out[f"{name} (MiB)"] = (df[c] / MIB).round(2).to_numpy()
+    return markdown_table(out, floatfmt=".2f") + "\n\n" + provenance_line(df, _source(MEMORY_BENCH, device))
+
+
+def measured_time_table(device: str = "cpu") -> str:
+    df = load_results(TIME_BENCH, device, status="ok")
+    df = _order(df.sort_values("time_utc").drop_duplicates(["method"], keep="last"), "method", METHODS)
+    base = float(df.loc[df["method"] == "ddp", "step_ms"].iloc[0]) if (df["method"] == "ddp").any() else math.nan
+    out = pd.DataFrame({
+        "method": df["method"].map(METHOD_NAMES).to_numpy(),
+        "step (ms, median)": df["step_ms"].to_numpy(),
+        "std (ms)": df["step_ms_std"].to_numpy(),
+        "optimizer step (ms)": df["optimizer_step_ms"].to_numpy(),
+        "vs DDP + AdamW": (df["step_ms"] / base).to_numpy(),
+        "host load (1 min)": df["loadavg_1m"].to_numpy()})
+    return markdown_table(out, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(TIME_BENCH, device))
+
+
+def measured_collectives_table(device: str = "cpu") -> str:
+    """Each method's communication alone, on the model's fp32 sizes."""
+    df = load_results(COMM_BENCH, device, status="ok")
+    order = ["all_reduce", "broadcast_per_parameter", "reduce_scatter", "all_gather"]
+    df = _order(df.sort_values("time_utc").drop_duplicates(["op"], keep="last"), "op", order)
+    who = {"all_reduce": "DDP (all methods but ZeRO-1)", "broadcast_per_parameter": "course, after the step",
+           "reduce_scatter": "ZeRO-1, before the step", "all_gather": "ZeRO-1, after the step"}
+    out = pd.DataFrame({"collective": df["op"].to_numpy(), "used by": df["op"].map(who).to_numpy(),
+                        "MiB": (df["bytes"] / MIB).to_numpy(), "calls": df["tensors"].to_numpy(),
+                        "ms (median)": df["ms"].to_numpy(), "GB/s (bytes / time)": (df["bytes"] / df["ms"] / 1e6).to_numpy()})
+    return markdown_table(out, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(COMM_BENCH, device))
+
+
+def measured_collective_ms(op: str, device: str = "cpu") -> float:
+    df = load_results(COMM_BENCH, device, status="ok").sort_values("time_utc")
+    return float(df.loc[df["op"] == op, "ms"].iloc[-1])
+
+
+def measured_setup(device: str = "cpu") -> dict:
+    """The configuration of the latest measured rows (model size, ranks, batch, steps)."""
+    row = load_results(TIME_BENCH, device, status="ok").sort_values("time_utc").iloc[-1]
+    return {k: row[k] for k in ("size", "world_size", "backend", "batch", "context", "n_params",
+                                 "warmup", "steps", "threads_per_rank", "cpu_cores")}
+
+
+def measured_state_ratio(method: str, device: str = "cpu") -> float:
+    """Optimizer-state bytes after the step, `method` over DDP + AdamW."""
+    df = load_results(MEMORY_BENCH, device, status="ok")
+    after = df[df["point"] == "after_step"].sort_values("time_utc").drop_duplicates("method", keep="last")
+    by = dict(zip(after["method"], after["state_bytes"]))
+    return by[method] / by["ddp"]
+
+
+def computed_memory_table(size: str = "xl", world_size: int = 2, batch_per_rank: int = 2,
+                          context: int = 512, stages=("ddp", "sharded", "zero2", "zero3")) -> str:
+    """GiB per rank by kind for a preset, fp32 AdamW, from the formulas."""
+    cfg = get_config(size, context)
+    rows = []
+    for stage in stages:
+        m = acc.transformer_memory(cfg, batch_per_rank, world_size, stage, context=context)
+        rows.append({"stage": STAGE_NAMES[stage], **{k: v / 2 ** 30 for k, v in m.as_dict().items()}})
+    df = pd.DataFrame(rows).rename(columns={"params": "params (GiB)", "grads": "grads (GiB)",
+                                            "optimizer_state": "optimizer state (GiB)",
+                                            "activations": "activations (GiB)", "total": "total (GiB)"})
+    return markdown_table(df, floatfmt=".2f")
+
+
+def zero_bytes_table(world_sizes=(1, 2, 8, 64)) -> str:
+    """Bytes per parameter per rank with mixed-precision AdamW (the ZeRO paper's Figure 1)."""
+    rows = [{"stage": STAGE_NAMES[s], **{f"N = {n}": acc.bytes_per_parameter(s, n) for n in world_sizes}}
+            for s in ("ddp", "zero1", "zero2", "zero3")]
+    return markdown_table(pd.DataFrame(rows), floatfmt=".3g")
+
+
+def communication_table(size: str = "xl", world_sizes=(2, 8)) -> str:
+    """GB each rank receives per step, fp32 gradients and parameters, and the ratio to DDP."""
+    n = count_parameters(get_config(size))["total"]
+    rows = []
+    for s in ("ddp", "sharded", "zero1", "zero3"):
+        row = {"stage": STAGE_NAMES[s]}
+        for N in world_sizes:
+            row[f"GB, N = {N}"] = acc.communication_bytes_per_rank(s, n, N) / GB
+        row["x DDP"] = acc.communication_bytes_per_rank(s, n, 2) / acc.communication_bytes_per_rank("ddp", n, 2)
+        rows.append(row)
+    return markdown_table(pd.DataFrame(rows), floatfmt=".3g")
+
+
+# -- communication_accounting -------------------------------------------------------------------------
+
+def xxl_memory_table(cfg: ca.XXLConfig = ca.XXLConfig()) -> str:
+    P = ca.n_params(cfg)
+    rows = [
+        {"quantity": "parameters", "value": f"{P:,}"},
+        {"quantity": "master weights, fp32 (GB)", "value": f"{P * cfg.master_weight_bytes / GB:,.1f}"},
+        {"quantity": "accumulated gradients, fp32 (GB)", "value": f"{P * cfg.grad_bytes / GB:,.1f}"},
+        {"quantity": "Adam m and v, fp32 (GB)", "value": f"{P * cfg.optimizer_bytes / GB:,.1f}"},
+        {"quantity": "sum (GB)", "value": f"{ca.state_bytes(cfg) / GB:,.1f}"},
+        {"quantity": "activations saved for backward, bf16 (MB per token)",
+         "value": f"{ca.activation_bytes_per_token(cfg) / 1e6:,.2f}"},
+        {"quantity": "H100s of 80 GB to hold the sum",
+         "value": f"{ca.devices_to_hold(ca.state_bytes(cfg), ca.H100_80GB)} "
+                  f"({ca.state_bytes(cfg) / ca.H100_80GB.memory_bytes:.2f} rounded up)"},
+    ]
+    return markdown_table(pd.DataFrame(rows))
+
+
+def n_fsdp_table(tokens=(0, 1024, 2048, 4096, 8192), cfg: ca.XXLConfig = ca.XXLConfig()) -> str:
+    rows = []
+    for t in tokens:
+        n = ca.n_fsdp_required(cfg, ca.TPU_V5P, t)
+        rows.append({"tokens whose activations are held": f"{t:,}", "N_FSDP": n,
+                     "GB per device at N_FSDP": ca.fsdp_bytes_per_device(cfg, n, t) / GB,
+                     "GB per device at N_FSDP - 1": ca.fsdp_bytes_per_device(cfg, n - 1, t) / GB
+                     if n > 1 else math.nan})
+    return markdown_table(pd.DataFrame(rows), floatfmt=".1f")
+
+
+def compute_bound_table(cfg: ca.XXLConfig = ca.XXLConfig(), mesh: ca.Mesh = ca.Mesh()) -> str:
+    rows = []
+    for overlap in (True, False):
+        s = ca.compute_bound_summary(cfg, ca.TPU_V5P, mesh, overlap)
+        rows.append({"assumption": "comms overlap (the book)" if overlap else "comms add up",
+                     "B/N threshold": s["per_device_exact"], "per-device batch (tokens)": s["per_device_tokens"],
+                     "global batch B (tokens)": s["global_batch_tokens"],
+                     "T_math (ms)": s["t_math_s"] * 1e3, "T_FSDP (ms)": s["t_fsdp_s"] * 1e3,
+                     "T_TP (ms)": s["t_tp_s"] * 1e3})
+    return markdown_table(pd.DataFrame(rows), floatfmt=".4g")
+
+
+def batch_reduction_table(cfg: ca.XXLConfig = ca.XXLConfig()) -> str:
+    """Part (d): how the compute-bound global batch moves with the levers that change the formula."""
+    import dataclasses
+
+    options = [
+        ("the setting of part (c)", cfg, ca.Mesh()),
+        ("fp8 weight all-gathers (b = 1 byte)", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh()),
+        ("more tensor parallelism: X = 8, Y = 8", cfg, ca.Mesh(X=8, Y=8)),
+        ("fp8 gathers and X = 8, Y = 8", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh(X=8, Y=8)),
+    ]
+    rows = []
+    for name, c, mesh in options:
+        s = ca.compute_bound_summary(c, ca.TPU_V5P, mesh)
+        rows.append({"lever": name, "per-device batch (tokens)": s["per_device_tokens"],
+                     "global batch B (tokens)": s["global_batch_tokens"]})
+    return markdown_table(pd.DataFrame(rows))
