@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         store.rows()
     except NotOurResultsFile as exc:
         p.error(str(exc))
-    grid = [(d, s) for d in args.ds for s in args.seqs] + [(args.probe_d, s) for s in args.probe_seqs]
+    grid = [(d, s) for d in args.ds for s in args.seqs]
+    probes = [(args.probe_d, s) for s in args.probe_seqs]  # eager only: where does memory run out?
     cells = [{"impl": i, "batch": args.batch, "d": d, "seq": s} for i in impls for d, s in grid]
+    cells += [{"impl": "eager", "batch": args.batch, "d": d, "seq": s} for d, s in probes if "eager" in impls]
     capacity = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
     def run(cell):

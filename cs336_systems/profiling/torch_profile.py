@@ -105,9 +105,11 @@ def attribute_kernels(events: Iterable[Any]) -> tuple[list[dict], dict[str, dict
     for name, start, end in phases:
         totals.setdefault(name, {"kernel_ms": 0.0, "matmul_ms": 0.0, "kernels": 0})["wall_ms"] = (end - start) / 1e3
     if gpu:  # every device event, attributed or not: a check that attribution lost nothing
-        # (GPU-side copies of the record_function ranges are device events too: leave them out)
+        # GPU-side copies of record_function ranges (ours, and e.g. "Optimizer.step#AdamW.step")
+        # are device events too, spanning idle gaps: leave out any device event named like a CPU one.
+        cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
         device_us = sum(e.time_range.end - e.time_range.start for e in events
-                        if e.device_type == DeviceType.CUDA and e.name not in named)
+                        if e.device_type == DeviceType.CUDA and e.name not in cpu_names)
         totals["(all device events)"] = {"kernel_ms": device_us / 1e3}
     rows = [{"phase": p, "region": r, "kernel": k[:200], "matmul": is_matmul(k), "calls": c,
              "total_ms": us / 1e3, "share": us / 1e3 / totals[p]["kernel_ms"] if totals[p]["kernel_ms"] else None}
