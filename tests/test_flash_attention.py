@@ -160,7 +160,7 @@ def test_bad_inputs_raise_value_error(impl):
         ((q, k[..., :8], v[..., :8], False), "k must have q's head dim"),
         ((q, k.to("meta"), v, False), "k must be on q's device"),
         ((q, k, v, "yes"), "is_causal"),
-        ((q.numpy(), k, v, False), "q must be a torch.Tensor"),
+        ((q.cpu().numpy(), k, v, False), "q must be a torch.Tensor"),
     ]
     if impl == "triton":
         small = [t[..., :8].contiguous() for t in (q, k, v)]

@@ -96,12 +96,19 @@ def override(fwd: FwdConfig | None = None, bwd: BwdConfig | None = None) -> Iter
         _override.update(saved)
 
 
-def _tuned(kind: str, key: str) -> dict | None:
+SIZE_FALLBACK = {"small": ("small", "medium", "large"), "medium": ("medium", "large"), "large": ("large", "medium")}
+
+
+def _tuned(kind: str, dtype: torch.dtype, head_dim: int, causal: bool, size: str) -> dict | None:
+    """The measured entry for this shape, else the nearest measured size class, else None."""
     try:
         from .tuned_configs import TUNED
     except ImportError:  # no table generated yet
         return None
-    return TUNED.get(kind, {}).get(key)
+    for s in SIZE_FALLBACK[size]:
+        if (found := TUNED.get(kind, {}).get(table_key(dtype, head_dim, causal, s))) is not None:
+            return found
+    return None
 
 
 def fwd_config(dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
@@ -110,7 +117,7 @@ def fwd_config(dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_que
         return _override["fwd"]  # type: ignore[return-value]
     if interpreting():
         return INTERPRETER_FWD
-    found = _tuned("fwd", table_key(dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys)))
+    found = _tuned("fwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
     return FwdConfig(**found) if found else heuristic_fwd(dtype, next_power_of_2(head_dim))
 
 
@@ -120,7 +127,7 @@ def bwd_config(dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_que
         return _override["bwd"]  # type: ignore[return-value]
     if interpreting():
         return INTERPRETER_BWD
-    found = _tuned("bwd", table_key(dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys)))
+    found = _tuned("bwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
     return BwdConfig(**found) if found else heuristic_bwd(dtype, next_power_of_2(head_dim))
 
 

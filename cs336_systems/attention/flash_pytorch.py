@@ -98,13 +98,24 @@ class FlashAttentionPyTorch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, L = load_attention_state(ctx)
-        work = L.dtype
-        do4 = do.unsqueeze(1) if ctx.lead_ndim == 1 else do
-        use_compiled = FlashAttentionPyTorch.compile_backward
-        if use_compiled is None:
-            use_compiled = q.is_cuda
-        backward = compiled_attention_backward if use_compiled else attention_backward
-        grads = backward(q.to(work), k.to(work), v.to(work), o.to(work), L, do4.to(work), ctx.is_causal)
-        dq, dk, dv = (unfold_like(g.to(q.dtype), ctx.lead_ndim) for g in grads)
-        return dq, dk, dv, None
+        return _backward(ctx, do, FlashAttentionPyTorch.compile_backward)
+
+
+class FlashAttentionPyTorchCompiled(FlashAttentionPyTorch):
+    """The same, with the backward always under torch.compile (what the benchmarks time)."""
+
+    @staticmethod
+    def backward(ctx, do):
+        return _backward(ctx, do, True)
+
+
+def _backward(ctx, do, compiled: bool | None):
+    q, k, v, o, L = load_attention_state(ctx)
+    work = L.dtype
+    do4 = do.unsqueeze(1) if ctx.lead_ndim == 1 else do
+    if compiled is None:
+        compiled = q.is_cuda
+    backward = compiled_attention_backward if compiled else attention_backward
+    grads = backward(q.to(work), k.to(work), v.to(work), o.to(work), L, do4.to(work), ctx.is_causal)
+    dq, dk, dv = (unfold_like(g.to(q.dtype), ctx.lead_ndim) for g in grads)
+    return dq, dk, dv, None

@@ -1,0 +1,103 @@
+"""Compile the kernels for Hopper (sm_90) without a GPU and report their resources.
+
+Triton compiles ahead of time for any target: shared memory per program, register spills (local
+memory traffic in the PTX) and whether the tensor-core instructions (wgmma) and asynchronous copies
+(cp.async) are there, all at no device time. `tune` uses `fits` to drop configurations that cannot
+launch (over 227 KB of shared memory) before timing anything.
+
+    python -m cs336_systems.attention.compile_report [--dtype bf16] [--d 64] [--causal]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+import time
+
+import torch
+
+from .configs import BwdConfig, FwdConfig
+from .triton_loader import next_power_of_2
+
+SMEM_LIMIT = 232448  # bytes a Hopper program may use (227 KB)
+_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+_OPS = re.compile(r"^\s*((?:cp\.async|wgmma\.mma_async|ld\.local|st\.local|ld\.global)[\w.:]*)", re.M)
+
+
+def _compile(fn, pointers: dict[str, str], const: dict, num_warps: int, num_stages: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    # What a launch specialises on: unit strides are constants, other strides, sizes and pointers
+    # are multiples of 16 (true for every power-of-two shape we time).
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in const:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = pointers.get(name, "fp32" if name.endswith("scale") else "i32")
+            if name in pointers or name.startswith(("stride", "n_")):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, signature, const, attrs), target=GPUTarget("cuda", 90, 128),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_dim: int, causal: bool) -> dict:
+    """Resources of one kernel ('fwd', 'dkdv', 'dq' or 'fused') for one config."""
+    from . import flash_bwd_kernel as B
+    from . import flash_fwd_kernel as F
+
+    p = _PTR[dtype]
+    common = dict(CAUSAL=causal, HEAD_DIM=head_dim, HEAD_DIM_PAD=next_power_of_2(max(head_dim, 16)))
+    unit = {f"stride_{t}d": 1 for t in "qkvdo"}
+    if kind == "fwd":
+        assert isinstance(config, FwdConfig)
+        fn = F.flash_fwd_kernel
+        const = common | dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+        warps, stages = config.num_warps, config.num_stages
+        ptrs = {n: p for n in "QKVO"} | {"L": "*fp32"}
+    else:
+        assert isinstance(config, BwdConfig)
+        ptrs = {n: p for n in ("Q", "K", "V", "DO", "DQ", "DK", "DV")} | {"L": "*fp32", "Delta": "*fp32"}
+        if kind == "dkdv":
+            fn, const = B.bwd_dkdv_kernel, common | dict(BLOCK_M=config.block_m1, BLOCK_N=config.block_n1)
+            warps, stages = config.num_warps1, config.num_stages1
+        elif kind == "dq":
+            fn, const = B.bwd_dq_kernel, common | dict(BLOCK_M=config.block_m2, BLOCK_N=config.block_n2)
+            warps, stages = config.num_warps2, config.num_stages2
+        else:
+            fn = B.bwd_fused_kernel
+            const = common | dict(BLOCK_M1=config.block_m1, BLOCK_N1=config.block_n1,
+                                  BLOCK_M2=config.block_m2, BLOCK_N2=config.block_n2)
+            warps, stages = config.num_warps1, config.num_stages1
+    const |= {k: v for k, v in unit.items() if k in fn.arg_names}
+    start = time.perf_counter()
+    k = _compile(fn, {n: t for n, t in ptrs.items() if n in fn.arg_names}, const, warps, stages)
+    ops = collections.Counter(m.split(".")[0] + "." + m.split(".")[1] for m in _OPS.findall(k.asm["ptx"]))
+    return {"smem": k.metadata.shared, "fits": k.metadata.shared <= SMEM_LIMIT,
+            "spills": ops.get("ld.local", 0) + ops.get("st.local", 0), "wgmma": ops.get("wgmma.mma_async", 0),
+            "cp_async": ops.get("cp.async", 0), "compile_s": time.perf_counter() - start}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .configs import heuristic_bwd, heuristic_fwd
+
+    ap = argparse.ArgumentParser(prog="compile_report", description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--causal", action="store_true")
+    args = ap.parse_args(argv)
+    if not 16 <= args.d <= 128:
+        ap.error(f"--d must be in 16..128, got {args.d}")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    fwd, bwd = heuristic_fwd(dtype, next_power_of_2(args.d)), heuristic_bwd(dtype, next_power_of_2(args.d))
+    for kind, config in (("fwd", fwd), ("dkdv", bwd), ("dq", bwd), ("fused", bwd)):
+        print(kind, config, report(kind, config, dtype, args.d, args.causal))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

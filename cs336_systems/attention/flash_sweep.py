@@ -1,0 +1,186 @@
+"""The flash_benchmarking grid: our FlashAttention-2 against PyTorch, by sequence length and head dim.
+
+    just bench flash-sweep [--impls triton,sdpa,naive,pytorch] [--max-minutes 4]
+    just bench flash-sweep --plot      # PNGs from the committed results (CPU is fine)
+
+Batch 1, causal, seq 2^7..2^16, d 16..128, bf16 and fp32; forward, backward and forward+backward,
+each timed with triton.testing.do_bench (median). Implementations: our Triton FA2; our PyTorch FA2
+(tiled forward, torch.compile'd backward); plain PyTorch attention; SDPA's cuDNN backend (bf16 only:
+neither cuDNN nor the flash backend runs fp32). Our PyTorch FA2 stops at seq 4096: its forward is a
+Python loop over N/64 key tiles and its backward materialises the N x N matrices, so larger cells
+would take minutes each and say nothing new (they are recorded as skipped). An OOM is a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import itertools
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..bench.store import ResultStore
+from ..bench.sweep import run_sweep
+from ..bench.timing import gpu_bench
+from .flops import MODES, attention_flops, tflops
+
+BENCH = "attention/flash_sweep"
+SEQS = tuple(2**p for p in range(7, 17))
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+IMPLS = ("triton", "sdpa", "naive", "pytorch")
+PYTORCH_FA2_MAX_SEQ = 4096
+DEVICE = "cuda"  # tests run the whole flow on the CPU (interpreter) by setting "cpu"
+
+
+def skip_reason(impl: str, dtype: str, seq: int) -> str | None:
+    """Why a cell is not measured (recorded as 'unsupported' with this reason), or None."""
+    if impl == "sdpa" and dtype == "fp32":
+        return "SDPA's cuDNN and flash backends have no fp32 kernels"
+    if impl == "pytorch" and seq > PYTORCH_FA2_MAX_SEQ:
+        return f"skipped: PyTorch FA2 beyond seq {PYTORCH_FA2_MAX_SEQ} (Python tile loop, N x N backward)"
+    return None
+
+
+def attention_fn(impl: str):
+    """f(q, k, v) -> o, causal, for (1, seq, d) inputs."""
+    if impl == "triton":
+        from .flash_triton import FlashAttentionTriton
+
+        return lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True)
+    if impl == "pytorch":
+        from .flash_pytorch import FlashAttentionPyTorchCompiled
+
+        return lambda q, k, v: FlashAttentionPyTorchCompiled.apply(q, k, v, True)
+    if impl == "naive":
+        from .reference import naive_attention
+
+        return lambda q, k, v: naive_attention(q, k, v, True)
+    if impl == "sdpa":
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def sdpa(q, k, v):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+        return sdpa
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def measure(cell: dict) -> dict:
+    dtype, n, d = DTYPES[cell["dtype"]], cell["seq"], cell["d"]
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    q, k, v, do = (torch.randn(1, n, d, device=DEVICE, dtype=dtype, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    f = attention_fn(cell["impl"])
+    if cell["mode"] == "fwd":
+        step = lambda: f(q, k, v)  # noqa: E731
+    elif cell["mode"] == "bwd":
+        o = f(q, k, v)
+        step = lambda: o.backward(do, retain_graph=True)  # noqa: E731
+    else:
+        step = lambda: f(q, k, v).backward(do)  # noqa: E731
+    ms = gpu_bench(step, warmup_ms=5, rep_ms=25, return_mode="median")
+    return {"ms": ms, "tflops": tflops(attention_flops(1, n, n, d, True, cell["mode"]), ms),
+            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None}
+
+
+def _warm_triton(job: tuple) -> str | None:
+    """Compile (into Triton's disk cache) the kernels one grid point uses: forward and backward."""
+    dt, d, n = job
+    try:
+        from .flash_triton import FlashAttentionTriton
+
+        q, k, v = (torch.randn(1, n, d, device="cuda", dtype=DTYPES[dt], requires_grad=True) for _ in range(3))
+        FlashAttentionTriton.apply(q, k, v, True).sum().backward()
+        torch.cuda.synchronize()
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+
+
+def precompile_triton(dtypes, dims, seqs, workers: int) -> None:
+    from .configs import size_class
+
+    jobs = {(dt, d, size_class(1, n, n)): (dt, d, n) for dt, d, n in itertools.product(dtypes, dims, seqs)}
+    start = time.perf_counter()
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        errors = [e for e in pool.map(_warm_triton, jobs.values()) if e]
+    print(f"[flash-sweep] precompiled {len(jobs)} kernel sets in {time.perf_counter() - start:.0f} s"
+          + (f"; errors: {errors[:3]}" if errors else ""), file=sys.stderr, flush=True)
+
+
+def cells(impls, dtypes, dims, seqs, modes) -> list[dict]:
+    return [{"impl": i, "dtype": dt, "d": d, "seq": n, "mode": m, "batch": 1, "causal": True}
+            for i, dt, d, n, m in itertools.product(impls, dtypes, dims, seqs, modes)]
+
+
+def run(args) -> int:
+    store = ResultStore(BENCH, key=["impl", "dtype", "d", "seq", "mode"], root=args.results_dir)
+    grid = cells(args.impls, args.dtypes, args.dims, args.seqs, args.modes)
+    # Pointless or impossible cells are recorded without touching the GPU.
+    for cell in grid:
+        if not store.has(cell) and (reason := skip_reason(cell["impl"], cell["dtype"], cell["seq"])):
+            store.append(cell, status="unsupported", error=reason)
+    if "triton" in args.impls and args.workers > 1:
+        precompile_triton(args.dtypes, args.dims, args.seqs, args.workers)
+    deadline = time.monotonic() + args.max_minutes * 60
+    for impl in args.impls:  # in priority order: what is left at the deadline resumes next run
+        for dt, d in itertools.product(args.dtypes, args.dims):
+            if time.monotonic() > deadline:
+                print(f"[flash-sweep] --max-minutes reached; rerun to resume", file=sys.stderr)
+                return 0
+            run_sweep(store, [c for c in grid if (c["impl"], c["dtype"], c["d"]) == (impl, dt, d)],
+                      measure, desc=f"{impl} {dt} d={d}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="flash-sweep", description=__doc__.splitlines()[0])
+    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, in order, from {','.join(IMPLS)}")
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--dims", default=",".join(map(str, HEAD_DIMS)))
+    ap.add_argument("--seqs", default=",".join(map(str, SEQS)))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--max-minutes", type=float, default=60.0, help="start no new group after this long")
+    ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
+                    help="processes compiling the Triton kernels ahead of timing")
+    ap.add_argument("--plot", action="store_true", help="only draw the plots from stored results")
+    ap.add_argument("--results-dir", default=None)
+    ap.add_argument("--device", default="nvidia-h200", help="results file to plot (with --plot)")
+    args = ap.parse_args(argv)
+    lists = {}
+    for name, allowed in (("impls", IMPLS), ("dtypes", tuple(DTYPES)), ("modes", MODES)):
+        lists[name] = [s for s in getattr(args, name).split(",") if s]
+        if bad := [s for s in lists[name] if s not in allowed]:
+            ap.error(f"--{name}: unknown {bad}; choose from {','.join(allowed)}")
+    try:
+        dims = [int(s) for s in args.dims.split(",") if s]
+        seqs = [int(s) for s in args.seqs.split(",") if s]
+    except ValueError:
+        ap.error("--dims and --seqs take comma-separated integers")
+    if bad := [d for d in dims if not 16 <= d <= 128]:
+        ap.error(f"--dims: head dims must be in 16..128, got {bad}")
+    if bad := [n for n in seqs if n < 1]:
+        ap.error(f"--seqs: sequence lengths must be positive, got {bad}")
+    if args.plot:
+        from .plots import plot_all
+
+        for path in plot_all(args.results_dir, args.device):
+            print(path)
+        return 0
+    if not torch.cuda.is_available():
+        ap.error("the sweep needs a CUDA GPU (use --plot to draw stored results)")
+    args.impls, args.dtypes, args.modes, args.dims, args.seqs = (
+        lists["impls"], lists["dtypes"], lists["modes"], dims, seqs)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Plots of the FlashAttention measurements, drawn from the committed results (CPU is fine).
+
+    python -m cs336_systems.attention.flash_sweep --plot
+
+Writes docs/flash-attention/sweep-<dtype>.png (TFLOP/s against sequence length, one panel per head
+dim and mode, one line per implementation) and leaderboard.png (the latest leaderboard run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..bench.store import REPO_ROOT, ResultStore
+
+PLOT_DIR = REPO_ROOT / "docs" / "flash-attention"
+LABELS = {"triton": "ours, Triton FA2", "pytorch": "ours, PyTorch FA2 (compiled bwd)",
+          "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}
+MODE_TITLES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
+
+
+def _rows(bench: str, device: str, root: str | Path | None) -> pd.DataFrame:
+    store = ResultStore(bench, key=["impl"], device=device, root=root if root is not None else REPO_ROOT / "results")
+    if not store.path.exists():
+        raise FileNotFoundError(f"no results at {store.path}")
+    return pd.DataFrame(store.rows())
+
+
+def plot_sweep(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = df[df["status"] == "ok"]
+    paths = []
+    for dtype in sorted(ok["dtype"].unique()):
+        sub = ok[ok["dtype"] == dtype]
+        dims = sorted(sub["d"].unique())
+        fig, axes = plt.subplots(len(MODE_TITLES), len(dims), figsize=(3.2 * len(dims), 2.6 * len(MODE_TITLES)),
+                                 sharex=True, squeeze=False)
+        for (r, mode), (c, d) in ((rm, cd) for rm in enumerate(MODE_TITLES) for cd in enumerate(dims)):
+            ax = axes[r][c]
+            for impl, label in LABELS.items():
+                line = sub[(sub["impl"] == impl) & (sub["mode"] == mode) & (sub["d"] == d)].sort_values("seq")
+                if not line.empty:
+                    ax.plot(line["seq"], line["tflops"], marker="o", ms=3, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{MODE_TITLES[mode]}, d={d}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if c == 0:
+                ax.set_ylabel("TFLOP/s")
+            if r == len(MODE_TITLES) - 1:
+                ax.set_xlabel("sequence length")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8)
+        fig.suptitle(f"causal attention, batch 1, {dtype}", y=0.995, fontsize=10)
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        path = out_dir / f"sweep-{dtype}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_leaderboard(df: pd.DataFrame, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = df[df["status"] == "ok"]
+    latest = ok[ok["run"] == ok["run"].max()]
+    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    modes = ["fwd_bwd", "fwd"]
+    impls = [i for i in ("ours", "cudnn", "flash", "flex", "naive") if i in set(latest["impl"])]
+    width = 0.38
+    for j, mode in enumerate(modes):
+        vals = [latest[(latest["impl"] == i) & (latest["mode"] == mode)]["mean_ms"].min() for i in impls]
+        ax.barh([y + j * width for y in range(len(impls))], vals, height=width, label=MODE_TITLES[mode])
+    ax.set_yticks([y + width / 2 for y in range(len(impls))], impls)
+    ax.set_xscale("log")
+    ax.set_xlabel("ms (do_bench mean; lower is better)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    path = out_dir / "leaderboard.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(root: str | Path | None = None, device: str = "nvidia-h200", out_dir: Path = PLOT_DIR) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = plot_sweep(_rows("attention/flash_sweep", device, root), out_dir)
+    try:
+        paths.append(plot_leaderboard(_rows("attention/flash_leaderboard", device, root), out_dir))
+    except FileNotFoundError:
+        pass
+    return paths

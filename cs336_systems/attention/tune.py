@@ -1,0 +1,278 @@
+"""Choose tile sizes / warps / stages for the FlashAttention-2 kernels by measurement.
+
+    python -m cs336_systems.attention.configs tune [--only leaderboard|sweep] [--write]
+    python -m cs336_systems.attention.configs write-table
+
+For each table key (dtype, padded head dim, causal, size class) at a representative shape, every
+candidate of each kernel (forward, dK/dV pass, dQ pass, then fused launches of the best pairs) is
+compiled (in parallel worker processes, which fill Triton's on-disk cache), checked against the
+heuristic configuration's output, and timed with do_bench (median). Rows go to
+results/attention/flash_tune/<device>.jsonl; `write-table` turns the latest run of each key into
+`tuned_configs.py`, the table the kernels use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import itertools
+import multiprocessing as mp
+import os
+import pprint
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..bench.store import ResultStore
+from .configs import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd, table_key
+
+BENCH = "attention/flash_tune"
+TABLE_PATH = Path(__file__).with_name("tuned_configs.py")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DEVICE = "cuda"  # a dry run of the whole flow on the CPU interpreter sets "cpu" (tests do)
+
+
+# --8<-- [start:candidates]
+def fwd_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[FwdConfig]:
+    if wide:
+        return [FwdConfig(m, n, w, s) for m, n, w, s in itertools.product(
+            (64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
+    if dtype == torch.float32:
+        return [FwdConfig(*c) for c in ((64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2), (64, 32, 8, 2),
+                                        (32, 16, 4, 2), (128, 32, 8, 2))]
+    return [FwdConfig(*c) for c in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
+                                    (64, 32, 4, 2), (128, 32, 4, 3))]
+
+
+def dkdv_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int, int]]:
+    """(block_m1, block_n1, warps, stages) of the dK/dV pass."""
+    if wide:
+        return list(itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3, 4, 5)))
+    if dtype == torch.float32:
+        return [(16, 64, 4, 2), (32, 64, 4, 2), (16, 32, 4, 2), (32, 32, 4, 2), (16, 128, 8, 2), (32, 64, 8, 1)]
+    return [(32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (16, 64, 4, 3), (64, 64, 4, 2)]
+
+
+def dq_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int, int]]:
+    """(block_m2, block_n2, warps, stages) of the dQ pass."""
+    if wide:
+        return list(itertools.product((64, 128), (16, 32, 64), (4, 8), (2, 3, 4, 5)))
+    if dtype == torch.float32:
+        return [(64, 16, 4, 2), (64, 32, 4, 2), (32, 16, 4, 2), (32, 32, 4, 2), (128, 16, 8, 2), (64, 32, 8, 1)]
+    return [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 2), (64, 16, 4, 3)]
+# --8<-- [end:candidates]
+
+
+def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False) -> BwdConfig:
+    m1, n1, w1, s1 = dkdv
+    m2, n2, w2, s2 = dq
+    return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused)
+
+
+# (key, Z, N, d, dtype, wide search). The leaderboard shape stands for bf16-d64-causal-large.
+def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
+    shapes = []
+    if only in (None, "leaderboard"):
+        shapes.append((table_key(torch.bfloat16, 64, True, "large"), 16, 16384, 64, "bf16", True))
+    if only in (None, "sweep"):
+        # Small launches (a few programs) are latency-bound: they borrow the medium entry.
+        for dt, d, (size, n) in itertools.product(("bf16", "fp32"), (16, 32, 64, 128),
+                                                  (("medium", 16384), ("large", 65536))):
+            key = table_key(DTYPES[dt], d, True, size)
+            if not any(s[0] == key for s in shapes):
+                shapes.append((key, 1, n, d, dt, False))
+    return shapes
+
+
+# -- work done for one candidate, in a worker (precompile) or in the timing process -------------
+
+def _inputs(Z: int, N: int, d: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v, do = (torch.randn(Z, 1, N, d, device=DEVICE, dtype=dtype, generator=g) for _ in range(4))
+    return q, k, v, do
+
+
+def _prepare(Z, N, d, dtype):
+    from .flash_launch import launch_fwd, launch_preprocess
+
+    q, k, v, do = _inputs(Z, N, d, dtype)
+    o, L = launch_fwd(q, k, v, True, heuristic_fwd(dtype, d))
+    return q, k, v, do, o, L, launch_preprocess(o, do)
+
+
+def _runner(kind: str, config, state):
+    from .flash_launch import launch_bwd_fused, launch_dkdv, launch_dq, launch_fwd
+
+    q, k, v, do, o, L, delta = state
+    if kind == "fwd":
+        return lambda: launch_fwd(q, k, v, True, config)[0]
+    if kind == "dkdv":
+        return lambda: launch_dkdv(q, k, v, do, L, delta, True, config)
+    if kind == "dq":
+        return lambda: launch_dq(q, k, v, do, L, delta, True, config)
+    return lambda: launch_bwd_fused(q, k, v, do, L, delta, True, config)
+
+
+def _compile_job(job: tuple) -> str | None:
+    """Run one candidate once (in a worker): compiles it into Triton's on-disk cache."""
+    kind, config, Z, N, d, dt = job
+    try:
+        _runner(kind, config, _prepare(Z, N, d, DTYPES[dt]))()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        return None
+    except Exception as exc:  # noqa: BLE001 - reported per candidate
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def precompile(pool: cf.Executor | None, jobs: list[tuple]) -> dict[tuple, str | None]:
+    """Compile every distinct (kernel, config, d, dtype) once, in parallel worker processes that
+    share Triton's disk cache; returns the compile error (or None) of each job."""
+    identity = lambda j: (j[0], j[1], j[4], j[5])  # noqa: E731 - shapes of one size share a binary
+    unique = list({identity(j): j for j in jobs}.values())
+    errors = list(pool.map(_compile_job, unique, chunksize=1)) if pool else [_compile_job(j) for j in unique]
+    by_identity = {identity(j): e for j, e in zip(unique, errors)}
+    return {j: by_identity[identity(j)] for j in jobs}
+
+
+def _rel_err(a, b) -> float:
+    a, b = (t.float() if isinstance(t, torch.Tensor) else torch.cat([x.float().flatten() for x in t]) for t in (a, b))
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: int, dt: str, wide: bool,
+                    kind: str, configs: list, errors: dict) -> list[tuple[float, object]]:
+    """Check each compiled candidate against the heuristic config's result, then time it."""
+    from ..bench.timing import gpu_bench
+
+    dtype = DTYPES[dt]
+    state = _prepare(Z, N, d, dtype)
+    base = heuristic_fwd(dtype, d) if kind == "fwd" else heuristic_bwd(dtype, d)
+    want = _runner(kind, base, state)()
+    tol = 1e-2 if dtype == torch.float32 else 3e-2
+    results = []
+    for config in configs:
+        cfg = {"key": key, "kernel": kind, "config": asdict(config), "run": run, "Z": Z, "seq": N, "d": d, "dtype": dt}
+        error = errors[(kind, config, Z, N, d, dt)]
+        if error:
+            store.append(cfg, status="unsupported", error=error)
+            continue
+        fn = _runner(kind, config, state)
+        try:
+            err = _rel_err(fn(), want)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at launch
+            store.append(cfg, status="unsupported", error=f"{type(exc).__name__}: {exc}")
+            continue
+        if not err < tol:
+            store.append(cfg, {"rel_err": err}, status="error", error=f"wrong result: rel err {err:.3g}")
+            continue
+        ms = gpu_bench(fn, warmup_ms=10, rep_ms=60 if wide else 30)
+        store.append(cfg, {"ms": ms, "rel_err": err})
+        results.append((ms, config))
+    return sorted(results, key=lambda r: r[0])
+
+
+def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None) -> None:
+    run = time.strftime("%Y%m%dT%H%M%S")
+    plans = []
+    for key, Z, N, d, dt, wide in shapes:
+        dtype = DTYPES[dt]
+        plans.append((key, Z, N, d, dt, wide, {
+            "fwd": fwd_candidates(dtype, d, wide),
+            "dkdv": [bwd_from(c, (64, 32, 4, 2)) for c in dkdv_candidates(dtype, d, wide)],
+            "dq": [bwd_from((32, 64, 4, 2), c) for c in dq_candidates(dtype, d, wide)]}))
+    jobs = [(kind, c, Z, N, d, dt) for _, Z, N, d, dt, _, cands in plans for kind, cs in cands.items() for c in cs]
+    started = time.perf_counter()
+    errors = precompile(pool, jobs)
+    print(f"[tune] compiled {len(jobs)} candidates in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    fused_plans = []
+    for key, Z, N, d, dt, wide, cands in plans:
+        best = {kind: time_candidates(store, run, key, Z, N, d, dt, wide, kind, cs, errors) for kind, cs in cands.items()}
+        print(f"[tune] {key}: " + "; ".join(f"{k} {v[0] if v else None}" for k, v in best.items()),
+              file=sys.stderr, flush=True)
+        if best["dkdv"] and best["dq"]:
+            fused = [BwdConfig(a.block_m1, a.block_n1, b.block_m2, b.block_n2, a.num_warps1, a.num_stages1,
+                               a.num_warps1, a.num_stages1, True)
+                     for (_, a), (_, b) in itertools.product(best["dkdv"][:2], best["dq"][:2])]
+            fused_plans.append((key, Z, N, d, dt, wide, fused))
+    jobs = [("fused", c, Z, N, d, dt) for _, Z, N, d, dt, _, cs in fused_plans for c in cs]
+    errors = precompile(pool, jobs)
+    for key, Z, N, d, dt, wide, cs in fused_plans:
+        time_candidates(store, run, key, Z, N, d, dt, wide, "fused", cs, errors)
+
+
+# -- from measurements to the table ---------------------------------------------------------------
+
+def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    """The table: per key, the fastest forward; for backward the faster of (best dK/dV + best dQ)
+    and the best fused launch. Only each key's latest tuning run counts."""
+    latest: dict[str, str] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            latest[r["key"]] = max(latest.get(r["key"], ""), r["run"])
+    best: dict[tuple[str, str], tuple[float, dict]] = {}
+    for r in rows:
+        if r.get("status") != "ok" or r["run"] != latest[r["key"]]:
+            continue
+        slot = (r["key"], r["kernel"])
+        if slot not in best or r["ms"] < best[slot][0]:
+            best[slot] = (r["ms"], r["config"])
+    table: dict[str, dict[str, dict]] = {"fwd": {}, "bwd": {}}
+    for key in sorted(latest):
+        if (key, "fwd") in best:
+            table["fwd"][key] = best[(key, "fwd")][1]
+        if (key, "dkdv") in best and (key, "dq") in best:
+            (t1, c1), (t2, c2) = best[(key, "dkdv")], best[(key, "dq")]
+            bwd = {**c1, **{k: c2[k] for k in ("block_m2", "block_n2", "num_warps2", "num_stages2")}, "fused": False}
+            if (key, "fused") in best and best[(key, "fused")][0] < t1 + t2:
+                bwd = best[(key, "fused")][1]
+            table["bwd"][key] = bwd
+    return table
+
+
+def write_table(rows: list[dict], source: str) -> Path:
+    table = choose(rows)
+    gits = sorted({r.get("git", "?") for r in rows if r.get("status") == "ok"})
+    TABLE_PATH.write_text(
+        '"""Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with\n'
+        "`python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).\n\n"
+        f"Source: {source} (code at git {', '.join(gits)}).\n"
+        '"""\n\n'
+        f"TUNED = {pprint.pformat(table, width=110, sort_dicts=True)}\n")
+    return TABLE_PATH
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cs336_systems.attention.configs")
+    sub = ap.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("tune", help="measure candidates on this GPU")
+    t.add_argument("--only", choices=["leaderboard", "sweep"], default=None)
+    t.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
+    t.add_argument("--write", action="store_true", help="regenerate tuned_configs.py afterwards")
+    t.add_argument("--results-dir", default=None)
+    w = sub.add_parser("write-table", help="regenerate tuned_configs.py from stored measurements")
+    w.add_argument("--results-dir", default=None)
+    w.add_argument("--device", default="nvidia-h200")
+    args = ap.parse_args(argv)
+    if args.command == "write-table":
+        store = ResultStore(BENCH, key=["key", "kernel", "config", "run"], device=args.device, root=args.results_dir)
+        if not store.path.exists():
+            ap.error(f"--results-dir: no tuning results at {store.path}")
+        print(write_table(store.rows(), str(Path(BENCH) / store.path.name)))
+        return 0
+    if args.workers < 1:
+        ap.error(f"--workers must be at least 1, got {args.workers}")
+    if not torch.cuda.is_available():
+        ap.error("tune needs a CUDA GPU (timings on the interpreter mean nothing)")
+    store = ResultStore(BENCH, key=["key", "kernel", "config", "run"], root=args.results_dir)
+    if args.workers > 1:
+        with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+            tune(store, tune_shapes(args.only), pool)
+    else:
+        tune(store, tune_shapes(args.only), None)
+    if args.write:
+        print(write_table(store.rows(), str(Path(BENCH) / store.path.name)))
+    return 0

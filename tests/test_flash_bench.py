@@ -1,0 +1,121 @@
+"""The FlashAttention benchmark and tuning code paths, run small on the CPU (kernels interpreted)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from cs336_systems.attention import configs, flash_sweep, plots, tune
+from cs336_systems.attention.configs import BwdConfig, FwdConfig
+from cs336_systems.attention.flops import attention_flops
+from cs336_systems.bench.store import ResultStore
+from tests.triton_mode import ON_GPU, pytestmark  # noqa: F401
+
+
+def cpu_timer(fn, **_):
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def test_flop_convention():
+    fwd = attention_flops(16, 16384, 16384, 64, causal=False)
+    assert fwd == 4 * 16 * 16384**2 * 64
+    assert attention_flops(16, 16384, 16384, 64, causal=True) == fwd / 2
+    assert attention_flops(1, 8, 8, 16, False, "fwd_bwd") == 3.5 * attention_flops(1, 8, 8, 16, False)
+    with pytest.raises(ValueError, match="mode"):
+        attention_flops(1, 8, 8, 16, False, "both")
+
+
+def test_config_keys_and_fallback(monkeypatch):
+    assert configs.size_class(1, 2048, 2048) == "small"
+    assert configs.size_class(1, 16384, 16384) == "medium"
+    assert configs.size_class(16, 16384, 16384) == "large"
+    assert configs.table_key(torch.float16, 80, True, "large") == "bf16-d128-causal-large"
+    table = {"fwd": {"bf16-d64-causal-medium": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}},
+             "bwd": {}}
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    monkeypatch.setitem(__import__("sys").modules, "cs336_systems.attention.tuned_configs",
+                        type("M", (), {"TUNED": table}))
+    # small borrows medium; a missing key falls back to the heuristic
+    assert configs.fwd_config(torch.bfloat16, 64, True, 1, 512, 512) == FwdConfig(64, 32, 4, 2)
+    assert configs.fwd_config(torch.bfloat16, 64, False, 1, 512, 512) == configs.heuristic_fwd(torch.bfloat16, 64)
+    assert configs.bwd_config(torch.float32, 80, True, 1, 512, 512) == configs.heuristic_bwd(torch.float32, 128)
+
+
+def test_table_picks_the_fastest_of_the_latest_run():
+    def row(kernel, config, ms, run="2"):
+        return {"key": "k", "kernel": kernel, "config": config, "ms": ms, "run": run, "status": "ok"}
+    fwd_a, fwd_b = {"block_m": 64}, {"block_m": 128}
+    dkdv = {"block_m1": 32, "block_n1": 128, "num_warps1": 4, "num_stages1": 3,
+            "block_m2": 64, "block_n2": 32, "num_warps2": 4, "num_stages2": 2, "fused": False}
+    dq = {**dkdv, "block_m2": 128, "block_n2": 16, "num_warps2": 8, "num_stages2": 5}
+    rows = [row("fwd", fwd_a, 1.0), row("fwd", fwd_b, 0.5), row("fwd", fwd_a, 0.1, run="1"),
+            row("dkdv", dkdv, 2.0), row("dq", dq, 1.0)]
+    table = tune.choose(rows)
+    assert table["fwd"]["k"] == fwd_b  # the faster row of run "1" is stale
+    assert table["bwd"]["k"] == {**dkdv, "block_m2": 128, "block_n2": 16, "num_warps2": 8, "num_stages2": 5}
+    fused = {**dkdv, "fused": True}
+    assert tune.choose(rows + [row("fused", fused, 2.9)])["bwd"]["k"] == fused
+    assert tune.choose(rows + [row("fused", fused, 3.1)])["bwd"]["k"]["fused"] is False
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
+def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune, "DEVICE", "cpu")
+    monkeypatch.setattr(tune, "DTYPES", {"bf16": torch.float32})
+    monkeypatch.setattr("cs336_systems.bench.timing.gpu_bench", cpu_timer)
+    monkeypatch.setattr(tune, "fwd_candidates", lambda *a: [FwdConfig(16, 16, 1, 1), FwdConfig(32, 16, 1, 1)])
+    monkeypatch.setattr(tune, "dkdv_candidates", lambda *a: [(16, 16, 1, 1), (16, 32, 1, 1)])
+    monkeypatch.setattr(tune, "dq_candidates", lambda *a: [(16, 16, 1, 1)])
+    monkeypatch.setattr(tune, "heuristic_fwd", lambda *a: FwdConfig(16, 16, 1, 1))
+    monkeypatch.setattr(tune, "heuristic_bwd", lambda *a: BwdConfig(16, 16, 16, 16, 1, 1, 1, 1))
+    store = ResultStore(tune.BENCH, key=["key", "kernel", "config", "run"], device="cpu", root=tmp_path)
+    tune.tune(store, [("bf16-d16-causal-large", 1, 40, 16, "bf16", False)], None)
+    rows = store.rows()
+    assert {r["kernel"] for r in rows} == {"fwd", "dkdv", "dq", "fused"}
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in rows)
+    table = tune.choose(rows)
+    assert set(table["fwd"]) == set(table["bwd"]) == {"bf16-d16-causal-large"}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
+def test_sweep_flow_and_plots_on_the_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setattr(flash_sweep, "DEVICE", "cpu")
+    monkeypatch.setattr(flash_sweep, "gpu_bench", cpu_timer)
+    monkeypatch.setattr(flash_sweep, "PYTORCH_FA2_MAX_SEQ", 32)
+    from cs336_systems.attention import flash_pytorch  # compiling on 2 CPU cores is a test of its own (slow)
+
+    monkeypatch.setattr(flash_pytorch, "compiled_attention_backward", flash_pytorch.attention_backward)
+    args = type("Args", (), dict(results_dir=tmp_path, impls=["triton", "naive", "pytorch", "sdpa"], dtypes=["fp32"],
+                                 dims=[16], seqs=[32, 48], modes=["fwd", "bwd", "fwd_bwd"], workers=1, max_minutes=5))
+    monkeypatch.setattr(flash_sweep.torch.cuda, "is_available", lambda: False)
+    flash_sweep.run(args)
+    store = ResultStore(flash_sweep.BENCH, key=["impl"], root=tmp_path)
+    rows = store.rows()
+    status = {(r["impl"], r["seq"], r["mode"]): r["status"] for r in rows}
+    assert len(rows) == 4 * 2 * 3
+    assert all(status[("triton", n, m)] == "ok" and status[("naive", n, m)] == "ok" for n in (32, 48)
+               for m in ("fwd", "bwd", "fwd_bwd"))
+    assert status[("pytorch", 32, "bwd")] == "ok" and status[("pytorch", 48, "fwd")] == "unsupported"
+    assert status[("sdpa", 32, "fwd")] == "unsupported"  # no fp32 kernels
+    flash_sweep.run(args)  # resumes: nothing left to do
+    assert len(store.rows()) == len(rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert all(r["ms"] > 0 and r["tflops"] > 0 for r in ok)
+    paths = plots.plot_all(tmp_path, store.path.stem, out_dir=tmp_path / "png")
+    assert [p.name for p in paths] == ["sweep-fp32.png"] and paths[0].stat().st_size > 10_000
+
+
+def test_benchmarks_refuse_bad_arguments(capsys):
+    from cs336_systems.attention import leaderboard
+
+    for main, argv, message in ((leaderboard.main, ["--impls", "cudnn,magic"], "--impls"),
+                                (leaderboard.main, ["--batch", "16", "--heads", "5"], "--heads"),
+                                (flash_sweep.main, ["--dims", "8"], "--dims"),
+                                (flash_sweep.main, ["--modes", "sideways"], "--modes")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
