@@ -146,7 +146,9 @@ def measure_method(worker: Worker, method: str, ddp: str, cfg: ModelConfig, batc
         "step_ms": statistics.median(step_times) * 1e3,
         "step_ms_mean": statistics.fmean(step_times) * 1e3,
         "step_ms_std": (statistics.stdev(step_times) if steps > 1 else 0.0) * 1e3,
+        "step_ms_min": min(step_times) * 1e3,
         "optimizer_step_ms": statistics.median(opt_times) * 1e3,
+        "optimizer_step_ms_min": min(opt_times) * 1e3,
         "threads_per_rank": torch.get_num_threads(),
         "cpu_cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0]}}  # was the host busy?
 
@@ -223,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-collectives", dest="collectives", action="store_false",
                    help="skip timing the four communication patterns alone on the model's sizes")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
     return p

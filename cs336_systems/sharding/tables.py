@@ -58,8 +58,9 @@ def measured_time_table(device: str = "cpu") -> str:
     out = pd.DataFrame({
         "method": df["method"].map(METHOD_NAMES).to_numpy(),
         "step (ms, median)": df["step_ms"].to_numpy(),
-        "std (ms)": df["step_ms_std"].to_numpy(),
-        "optimizer step (ms)": df["optimizer_step_ms"].to_numpy(),
+        "step (ms, min)": df["step_ms_min"].to_numpy(),
+        "optimizer step (ms, median)": df["optimizer_step_ms"].to_numpy(),
+        "optimizer step (ms, min)": df["optimizer_step_ms_min"].to_numpy(),
         "vs DDP + AdamW": (df["step_ms"] / base).to_numpy(),
         "host load (1 min)": df["loadavg_1m"].to_numpy()})
     return markdown_table(out, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(TIME_BENCH, device))
