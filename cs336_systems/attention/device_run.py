@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaderboard-args", default="")
     ap.add_argument("--sweep-args", default="")
     ap.add_argument("--pytest-workers", type=int, default=8)
+    ap.add_argument("--tune-limit-s", type=float, default=150)
     args = ap.parse_args(argv)
     known = {"tune", "tune-lb", "pytest", "leaderboard", "sweep"}
     steps = [s for s in args.steps.split(",") if s]
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if step in ("tune", "tune-lb"):
             cmd = [PY, "-m", "cs336_systems.attention.configs", "tune", "--write"]
-            rcs[step] = _run(cmd + (["--only", "leaderboard"] if step == "tune-lb" else []), left())
+            rcs[step] = _run(cmd + (["--only", "leaderboard"] if step == "tune-lb" else []),
+                             min(left(), args.tune_limit_s))
         elif step == "pytest":
             log_dir = REPO_ROOT / "results" / "attention" / "flash_gpu_tests"
             log_dir.mkdir(parents=True, exist_ok=True)

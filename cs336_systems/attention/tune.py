@@ -175,7 +175,9 @@ def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: i
     return sorted(results, key=lambda r: r[0])
 
 
-def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None) -> None:
+def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, write: bool = False) -> None:
+    """Tune every shape. With `write`, the table is regenerated after each key, so a run cut short
+    still leaves a table of what it measured."""
     run = time.strftime("%Y%m%dT%H%M%S")
     plans = []
     for key, Z, N, d, dt, wide in shapes:
@@ -193,6 +195,8 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None) -> N
         best = {kind: time_candidates(store, run, key, Z, N, d, dt, wide, kind, cs, errors) for kind, cs in cands.items()}
         print(f"[tune] {key}: " + "; ".join(f"{k} {v[0] if v else None}" for k, v in best.items()),
               file=sys.stderr, flush=True)
+        if write:
+            write_table(store.rows(), str(Path(BENCH) / store.path.name))
         if best["dkdv"] and best["dq"]:
             fused = [BwdConfig(a.block_m1, a.block_n1, b.block_m2, b.block_n2, a.num_warps1, a.num_stages1,
                                a.num_warps1, a.num_stages1, True)
@@ -202,6 +206,8 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None) -> N
     errors = precompile(pool, jobs)
     for key, Z, N, d, dt, wide, cs in fused_plans:
         time_candidates(store, run, key, Z, N, d, dt, wide, "fused", cs, errors)
+    if write:
+        write_table(store.rows(), str(Path(BENCH) / store.path.name))
 
 
 # -- from measurements to the table ---------------------------------------------------------------
@@ -270,9 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     store = ResultStore(BENCH, key=["key", "kernel", "config", "run"], root=args.results_dir)
     if args.workers > 1:
         with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            tune(store, tune_shapes(args.only), pool)
+            tune(store, tune_shapes(args.only), pool, args.write)
     else:
-        tune(store, tune_shapes(args.only), None)
-    if args.write:
-        print(write_table(store.rows(), str(Path(BENCH) / store.path.name)))
+        tune(store, tune_shapes(args.only), None, args.write)
     return 0
