@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MARKER_ROOTS = (ROOT / "cs336_systems", ROOT / "snippets")
 SECTION_NAME = re.compile(r"^[a-z0-9_-]+$")
-# `--8<-- [start:name]` / `[end:name]` anywhere on a line (after a comment sign in source files).
-MARKER = re.compile(r"--8<--\s*\[(start|end):([^\]]*)\]")
+# A section marker exactly as pymdownx.snippets recognises one (case-insensitive, `;` escapes it);
+# our convention is stricter (lowercase), and is checked separately.
+MARKER = re.compile(r"(?<!;)(?<!-)-+8<-+[ \t]+\[[ \t]*(start|end)[ \t]*:[ \t]*([a-z][-_0-9a-z]*)[ \t]*\]", re.I)
+COMMENT_START = ("#", "//", "<!--", "--", "/*", "*")
 # A whole-line include in a page: --8<-- "path" or --8<-- "path:section" (";--8<--" is escaped).
 INCLUDE = re.compile(r'^\s*(?<!;)--8<--\s+"([^"]+)"\s*$', re.M)
 
@@ -46,7 +48,10 @@ def marker_problems(path: Path) -> list[str]:
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         found = MARKER.findall(line)
         if not found:
-            if "--8<--" in line and re.search(r"\[\s*(start|end)\b", line):
+            # A comment that was meant as a marker but that snippets will not see (code that builds
+            # marker strings, e.g. f"# --8<-- [start:{name}]", is not a comment and is left alone).
+            if "8<-" in line and re.search(r"\[\s*(start|end)\b", line, re.I) \
+                    and line.lstrip().startswith(COMMENT_START):
                 problems.append(f"{path}:{lineno}: malformed marker {line.strip()!r}")
             continue
         for kind, name in found:
@@ -215,19 +220,22 @@ def test_math_hook_reports_bad_latex(tex):
     assert len(errors) == 1 and errors[0].startswith("ch.md: cannot convert inline math")
 
 
-def test_bad_latex_fails_the_strict_build_naming_the_page(tmp_path: Path):
+def test_bad_latex_or_a_failing_exec_block_fails_the_strict_build_naming_the_page(tmp_path: Path):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "index.md").write_text("# ok\n\n$x^2$\n")
     (docs / "broken.md").write_text("# broken\n\n$$\n\\frac{1}{\n$$\n")
+    (docs / "failing.md").write_text('# failing\n\n```python exec="on"\nraise FileNotFoundError("no results")\n```\n')
+    hooks = ", ".join(str(DOCS / "hooks" / f"{name}.py") for name in ("mathml", "exec_page"))
     (tmp_path / "mkdocs.yml").write_text(
-        "site_name: probe\ntheme: {name: mkdocs}\n"
-        f"hooks: [{DOCS / 'hooks' / 'mathml.py'}]\n"
-        "markdown_extensions: [{pymdownx.arithmatex: {generic: true}}]\n")
+        f"site_name: probe\ntheme: {{name: mkdocs}}\nhooks: [{hooks}]\nplugins: [markdown-exec]\n"
+        "markdown_extensions: [pymdownx.superfences, {pymdownx.arithmatex: {generic: true}}]\n")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "broken.md: cannot convert display math" in proc.stderr + proc.stdout
+    log = proc.stderr + proc.stdout
+    assert proc.returncode != 0, log
+    assert "broken.md: cannot convert display math" in log
+    assert "failing.md: markdown_exec: Execution of python code block exited with errors" in log
 
 
 # ---------------------------------------------------------- (d) the built site requests nothing else
