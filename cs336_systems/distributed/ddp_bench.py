@@ -44,10 +44,13 @@ BENCH, TRACE_BENCH = "ddp/steps", "ddp/trace"
 KEY = ["size", "backend", "device_type", "world_size", "batch_size", "context_length", "stage",
        "bucket_size_mb"]
 BUCKET_SIZES_MB = [1, 10, 100, 1000]
-# A model a 2-core CPU steps in about a second: 13.5 M parameters (52 MB of fp32 gradients) in 75
-# tensors, so 1, 10, 100 and 1000 MB caps make 52-ish, 6, 1 and 1 buckets.
-CPU_CONFIG = ModelConfig(vocab_size=10_000, context_length=128, d_model=256, num_layers=8,
+# The CPU stand-in for xl: 13.5 M parameters (52 MB of fp32 gradients) in 75 tensors, so 1, 10,
+# 100 and 1000 MB caps make 43, 6, 1 and 1 buckets. It steps only 32 tokens per rank, so that on 2
+# cores communication is a visible share of the step rather than lost in the computation's noise.
+CPU_CONFIG = ModelConfig(vocab_size=10_000, context_length=32, d_model=256, num_layers=8,
                          num_heads=4, d_ff=1024)
+CPU_BATCH = 2  # global: 1 sequence per rank on 2 ranks
+GPU_BATCH = 4  # SPEC.md: batch 4 for every model size
 
 
 def model_config(size: str, context_length: int | None) -> ModelConfig:
@@ -268,16 +271,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     p.add_argument("--size", default="ddp-cpu", help="model preset (small ... 2.7B, tiny) or ddp-cpu")
     p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (torchrun: its own)")
-    p.add_argument("--batch-size", type=int, default=4, help="global batch, split over the ranks")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"global batch, split over the ranks (default: {CPU_BATCH} for ddp-cpu, "
+                        f"{GPU_BATCH} for the presets)")
     p.add_argument("--context-length", type=int, default=None, help="default: the preset's")
     p.add_argument("--stages", nargs="+", default=["compute-only", "naive", "flat", "overlap",
                                                    "bucketed", "torch-ddp"],
                    choices=["compute-only", *STAGES, "torch-ddp"])
     p.add_argument("--bucket-sizes-mb", nargs="+", type=float, default=BUCKET_SIZES_MB)
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration per round")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per configuration per round")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="passes over the grid, round-robin (a shared CPU's load drifts; 1 on GPUs)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration per round")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="passes over the grid, round-robin, against load drift (default: 4 on "
+                        "cpu, 2 on cuda)")
     p.add_argument("--no-trace", dest="trace", action="store_false", help="skip the profiled step")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
@@ -294,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
             get_config(args.size)
         except ValueError as exc:
             parser.error(f"--size: {exc}")
+    if args.batch_size is None:
+        args.batch_size = CPU_BATCH if args.size == "ddp-cpu" else GPU_BATCH
+    if args.rounds is None:
+        args.rounds = 4 if args.device == "cpu" else 2
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
     if world < 1 or args.batch_size % world:
         parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")

@@ -166,6 +166,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if threads_per_rank is None and device_type == "cpu":
         threads_per_rank = cpu_threads_per_rank(world_size)
+    # --8<-- [start:spawn]
     # The rendezvous store lives in this process on a port the OS chose (port 0 = any free port).
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=_dt.timedelta(seconds=timeout_s))
@@ -173,12 +174,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         ctx = mp.spawn(_spawn_entry, nprocs=world_size, join=False,
                        args=(fn, world_size, backend, device_type, store.port, timeout_s,
                              threads_per_rank, out_dir, args, kwargs))
-        deadline = time.monotonic() + 2 * timeout_s + 60  # init + work + teardown, generously
+        allowed = 2 * timeout_s + 60  # init + work + teardown, generously
+        deadline = time.monotonic() + allowed
         try:
             while not ctx.join(timeout=0.5):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{world_size} ranks still running after {deadline:.0f}s "
-                                       "deadline; terminated them")
+                    raise TimeoutError(f"{world_size} ranks still running {allowed:.0f}s after "
+                                       "the start; terminated them")
         except mp.ProcessRaisedException as exc:
             rank, message = _first_failure(out_dir) or (exc.error_index, exc.msg)
             raise RankFailed(rank, message) from None
@@ -192,6 +194,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
                     p.terminate()
             for p in ctx.processes:
                 p.join(timeout=10)
+        # --8<-- [end:spawn]
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
                 for r in range(world_size)]
 

@@ -125,3 +125,22 @@ def bucket_model_svg(device: str = "cpu", size: str | None = None) -> str:
 
 def _source(bench: str, device: str) -> str:
     return f"results/{bench}/{device}.jsonl"
+
+
+def snippet_section(path: str, section: str) -> list[str]:
+    """The lines between `# --8<-- [start:section]` and `# --8<-- [end:section]` of a repo file."""
+    from cs336_systems.bench.store import REPO_ROOT
+
+    lines = (REPO_ROOT / path).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == f"# --8<-- [start:{section}]")
+    end = next(i for i, line in enumerate(lines) if line.strip() == f"# --8<-- [end:{section}]")
+    return lines[start + 1:end]
+
+
+def stage_diff(old: str, new: str, section: str = "ddp") -> str:
+    """A fenced unified diff between the same snippet section of two stage files."""
+    import difflib
+
+    diff = difflib.unified_diff(snippet_section(old, section), snippet_section(new, section),
+                                fromfile=old, tofile=new, lineterm="", n=2)
+    return "```diff\n" + "\n".join(diff) + "\n```"

@@ -16,7 +16,8 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .buckets import assign_buckets, bucket_cap_bytes
-from .common import DataParallel, all_reduce_mean_, check_one_kind, trainable_parameters
+from .common import (ACCUMULATED_AGAIN, DataParallel, all_reduce_mean_, check_one_kind,
+                     trainable_parameters)
 
 
 # --8<-- [start:ddp]
@@ -39,9 +40,7 @@ class DDPBucketed(DataParallel):
         if not self.require_gradient_sync:
             return  # inside no_sync(): accumulate locally
         if id(p) in self._landed:
-            raise RuntimeError("a gradient was accumulated again after it was counted; call "
-                               "finish_gradient_synchronization() between backward passes or "
-                               "accumulate inside no_sync()")
+            raise RuntimeError(ACCUMULATED_AGAIN)
         self._landed.add(id(p))
         b = self._bucket_of[id(p)]
         self._waiting[b] -= 1
@@ -72,9 +71,3 @@ class DDPBucketed(DataParallel):
         if self._in_flight or self._landed:
             raise RuntimeError("the previous step's buckets were never finished: call "
                                "finish_gradient_synchronization() after each backward")
-
-    def remove_hooks(self) -> None:
-        """Detach from the module (so it can be wrapped again, e.g. by another stage)."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks.clear()

@@ -24,6 +24,14 @@ import torch.distributed as dist
 from torch import nn
 
 
+# A hook firing twice in one step means a second accumulation into a gradient already handed to
+# communication (a second backward, or a reentrant checkpoint's inner one): refuse, loudly.
+ACCUMULATED_AGAIN = ("a gradient was accumulated again after its hook had handed it to "
+                     "communication this step; call finish_gradient_synchronization() between "
+                     "backward passes, or accumulate inside no_sync()")
+
+
+# --8<-- [start:common]
 def broadcast_from_rank0(module: nn.Module) -> None:
     """Overwrite every parameter and buffer (trainable or not) with rank 0's values, in place."""
     for tensor in itertools.chain(module.parameters(), module.buffers()):
@@ -60,6 +68,7 @@ class DataParallel(nn.Module):
         self.module = module
         self.world_size = dist.get_world_size()
         self.require_gradient_sync = True  # False inside no_sync()
+        self._hooks: list = []  # the stages that hook parameters keep the handles here
         broadcast_from_rank0(module)
 
     def forward(self, *inputs, **kwargs):
@@ -75,6 +84,8 @@ class DataParallel(nn.Module):
         finally:
             self.require_gradient_sync = previous
 
+    # --8<-- [end:common]
+
     def on_train_batch_start(self) -> None:
         """Called at the start of a step. The stages reset their state when they finish a step, so
         there is nothing to do; kept for the course's adapter."""
@@ -82,3 +93,9 @@ class DataParallel(nn.Module):
     def finish_gradient_synchronization(self) -> None:
         """Block until every gradient is averaged over the ranks (call after backward)."""
         raise NotImplementedError
+
+    def remove_hooks(self) -> None:
+        """Detach from the module (so it can be wrapped again, e.g. by another stage)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()

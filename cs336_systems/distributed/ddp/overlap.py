@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from .common import DataParallel, all_reduce_mean_, trainable_parameters
+from .common import ACCUMULATED_AGAIN, DataParallel, all_reduce_mean_, trainable_parameters
 
 
 # --8<-- [start:ddp]
@@ -25,34 +25,28 @@ class DDPOverlapIndividual(DataParallel):
         super().__init__(module)  # broadcast rank 0's parameters and buffers
         self.params = trainable_parameters(module)  # frozen ones get no hook
         self._handles: list[dist.Work] = []
-        self._sent: set[int] = set()  # id(p) of gradients already in flight this step
+        self._landed: set[int] = set()  # id(p) whose gradient arrived (and left) this step
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
                        for p in self.params]
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
         if not self.require_gradient_sync:
             return  # inside no_sync(): accumulate locally
-        if id(p) in self._sent:
-            raise RuntimeError("a gradient was accumulated again after its all-reduce started; "
-                               "call finish_gradient_synchronization() between backward passes "
-                               "or accumulate inside no_sync()")
-        self._sent.add(id(p))
+        if id(p) in self._landed:
+            raise RuntimeError(ACCUMULATED_AGAIN)
+        self._landed.add(id(p))
         self._handles.append(all_reduce_mean_(p.grad, async_op=True))
 
     def finish_gradient_synchronization(self) -> None:
+        if not self.require_gradient_sync:
+            return
         for handle in self._handles:  # unused parameters never launched: nothing to wait for
             handle.wait()
         self._handles.clear()
-        self._sent.clear()
+        self._landed.clear()
 # --8<-- [end:ddp]
 
     def on_train_batch_start(self) -> None:
         if self._handles:
             raise RuntimeError("the previous step's all-reduces were never waited for: call "
                                "finish_gradient_synchronization() after each backward")
-
-    def remove_hooks(self) -> None:
-        """Detach from the module (so it can be wrapped again, e.g. by another stage)."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks.clear()
