@@ -1,10 +1,10 @@
 """The chapter map of the site: chapter -> package modules -> tests -> `just` recipe -> results.
 
 docs/index.md runs this at build time, so the map is read off the repository as it is: a module,
-test or results file appears only once it exists. What each chapter owns is declared below; the
-rest is found: the modules a chapter shows (its `--8<--` includes), the results it renders (its
-`results_table(...)` / `load_results(...)` calls), and the test files that import its benchmark
-modules.
+test or results file appears only once it exists. Each chapter declares its benchmarks (registry
+names), modules, test-file globs and results folders below; on top of those the map adds the
+modules its page includes (`--8<--`), the results its page reads by name (`results_table(...)`,
+`load_results(...)`), and the tests that import its benchmark modules.
 
 Run: python snippets/chapter_map.py
 """
@@ -29,37 +29,40 @@ class Chapter:
     benches: tuple[str, ...] = ()  # names in cs336_systems/bench/registry.py
     modules: tuple[str, ...] = ()  # under cs336_systems/, dotted (shown only once they exist)
     tests: tuple[str, ...] = ()  # globs under tests/ (besides the tests that import the modules)
+    results: tuple[str, ...] = ()  # bench globs under results/ (besides the ones the page reads)
 
 
 CHAPTERS = (
     Chapter("profiling.md", "Profiling and benchmarking", ("model", "end-to-end", "kernels"),
             ("profiling.benchmark", "profiling.steps", "profiling.nvtx", "profiling.torch_profile",
              "profiling.sweeps", "profiling.kernel_sweep", "bench.timing"),
-            ("test_benchmark*.py", "test_profil*.py", "test_timing*.py")),
+            ("test_benchmark*.py", "test_profil*.py", "test_timing*.py"), ("end-to-end/*", "profiling/*")),
     Chapter("mixed-precision.md", "Mixed precision", ("accumulation", "end-to-end"),
-            ("profiling.mixed_precision", "profiling.sweeps"), ("test_mixed_precision*.py",)),
+            ("profiling.mixed_precision", "profiling.sweeps"), ("test_mixed_precision*.py",),
+            ("mixed-precision/*",)),
     Chapter("labs/accumulation.py", "Lab: accumulation in low precision"),
     Chapter("memory.md", "Memory", ("memory",), ("profiling.memory", "profiling.memory_sweep"),
-            ("test_memory*.py",)),
+            ("test_memory*.py",), ("memory/*",)),
     Chapter("attention.md", "Attention and torch.compile", ("attention",),
             ("attention.reference", "attention.pytorch_sweep", "model.attention"),
-            ("test_attention*.py", "test_pytorch_attention*.py")),
+            ("test_attention*.py", "test_pytorch_attention*.py"), ("attention/pytorch_attention",)),
     Chapter("flash-attention.md", "FlashAttention-2 in Triton", ("flash-sweep", "flash-leaderboard"),
             ("attention.weighted_sum", "attention.online_softmax", "attention.flash_pytorch",
              "attention.flash_triton", "attention.flash_fwd_kernel", "attention.flash_bwd_kernel",
              "attention.flash_launch", "attention.configs", "attention.api"),
-            ("test_flash*.py", "test_online_softmax*.py", "test_weighted_sum*.py")),
+            ("test_flash*.py", "test_online_softmax*.py", "test_weighted_sum*.py"), ("attention/flash_*",)),
     Chapter("collectives.md", "Collectives", ("collectives",),
-            ("distributed.collectives_bench", "distributed.launch"), ("test_collectives*.py", "test_launch*.py")),
+            ("distributed.collectives_bench", "distributed.launch"), ("test_collectives*.py", "test_launch*.py"),
+            ("collectives/*",)),
     Chapter("ddp.md", "Data-parallel training", ("ddp",),
             ("distributed.ddp", "distributed.ddp.naive", "distributed.ddp.flat", "distributed.ddp.overlap",
              "distributed.ddp.buckets", "distributed.ddp.bucketed", "distributed.step_trace"),
-            ("test_ddp*.py", "test_bucket*.py")),
+            ("test_ddp*.py", "test_bucket*.py"), ("ddp/*",)),
     Chapter("communication-accounting.md", "Communication accounting", (),
             ("sharding.communication_accounting",), ("test_communication_accounting*.py",)),
     Chapter("sharding.md", "Optimizer state sharding", ("sharding",),
             ("sharding.sharded_optimizer", "sharding.zero1", "sharding.accounting", "sharding.sharding_bench"),
-            ("test_sharded_optimizer*.py", "test_sharding*.py")),
+            ("test_sharded_optimizer*.py", "test_sharding*.py"), ("sharding/*",)),
 )
 
 SNIPPET = re.compile(r'--8<--\s+"(cs336_systems/[^":]+\.py)')
@@ -125,14 +128,13 @@ def chapter_tests(chapter: Chapter) -> list[tuple[str, list[str]]]:
 
 
 def chapter_results(chapter: Chapter) -> list[str]:
-    """Results files the chapter renders (every device file of each bench it reads)."""
+    """Results files of the chapter: its declared benches and those its page reads by name."""
+    benches = list(chapter.results)
     page = ROOT / "docs" / chapter.page
-    if not page.exists():
-        return []
-    files = []
-    for bench in dict.fromkeys(RESULTS_CALL.findall(page.read_text())):
-        files += sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "results" / bench).glob("*.jsonl"))
-    return files
+    if page.exists():
+        benches += RESULTS_CALL.findall(page.read_text())
+    files = {p for bench in benches for p in (ROOT / "results").glob(f"{bench}/*.jsonl")}
+    return sorted(p.relative_to(ROOT).as_posix() for p in files)
 
 
 def page_link(page: str) -> str:
