@@ -70,6 +70,7 @@ def timelines(traces: pd.DataFrame) -> plt.Figure:
         ax.broken_barh([(a, b - a) for a, b in row["compute"]], (y + 1.0, 0.8), color=COMPUTE)
         ax.broken_barh([(a, b - a) for a, b in row["comm"]], (y, 0.8), color=COMM)
         frac = row.get("overlap_fraction")
+        frac = None if frac is None or pd.isna(frac) else frac  # no communication at all
         ticks.append(y + 1.3)
         labels.append(stage_label(row) + (f"\n{frac:.0%} of comm hidden" if frac is not None else ""))
     ax.set_yticks(ticks, labels, fontsize=8)
@@ -89,7 +90,10 @@ def bucket_model(model: BucketModel, measured: pd.DataFrame | None = None) -> pl
     `measured`: columns bucket_bytes and overhead_ms (step time minus compute-only step time).
     """
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    b = np.geomspace(model.s / 2000, model.s * 2, 400)
+    top = model.s * 2
+    if measured is not None and not measured.empty:
+        top = max(top, float(measured["bucket_bytes"].max()) * 1.5)
+    b = np.geomspace(model.s / 2000, top, 400)
     ax.plot(b / 2**20, [model.overhead_for_bucket(x) * 1e3 for x in b], color=COMPUTE,
             label="model: n_b·o + s/(n_b·w)")
     ax.axvline(model.optimal_bucket_bytes / 2**20, color=COMPUTE, ls="--", lw=1,

@@ -36,18 +36,29 @@ def collectives(device: str = "cpu") -> pd.DataFrame:
     return _latest(load_results(COLLECTIVES, device), COLLECTIVES_KEY)
 
 
+def human_size(size_mb: float) -> str:
+    """4 KB, 1 MB, 1 GB (binary units, as the benchmark sizes them)."""
+    if size_mb >= 1024:
+        return f"{size_mb / 1024:g} GB"
+    if size_mb >= 1:
+        return f"{size_mb:g} MB"
+    return f"{size_mb * 1024:g} KB"
+
+
 def collectives_table(device: str = "cpu") -> str:
-    df = collectives(device).sort_values(["backend", "world_size", "size_bytes"])
+    df = collectives(device)
+    df = df.assign(size_bytes=df["size_mb"] * 2**20).sort_values(
+        ["backend", "world_size", "size_bytes"])
     shown = pd.DataFrame({
         "backend": df["backend"] + "+" + df["device_type"].str.upper(),
-        "ranks": df["world_size"], "size (MB)": df["size_mb"],
+        "ranks": df["world_size"], "size": df["size_mb"].map(human_size),
         "time (ms)": [r["time_ms"] if r["status"] == "ok" else r["status"].upper()
                       for r in df.to_dict("records")],
         "± std": df.get("time_ms_std"), "algbw (GB/s)": df.get("algbw_gbps"),
         "busbw (GB/s)": df.get("busbw_gbps"), "ranks per core": df.get("ranks_per_core"),
         "load avg": df.get("loadavg_1m"),
     })
-    return markdown_table(shown, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(COLLECTIVES, device))
+    return markdown_table(shown, floatfmt=".3g", formats={"time (ms)": ".4g"}) + "\n\n" + provenance_line(df, _source(COLLECTIVES, device))
 
 
 def collectives_svg(device: str = "cpu") -> str:
