@@ -24,6 +24,8 @@ INLINE = re.compile(r'<span class="arithmatex">\\\((?P<tex>.*?)\\\)</span>', re.
 DISPLAY = re.compile(r'<div class="arithmatex">\\\[(?P<tex>.*?)\\\]</div>', re.S)
 # latex2mathml passes unknown commands through as text (<mi>\foo</mi>) and leaves a bare `&`
 # for environments it does not know (e.g. `aligned`): both mean the reader would see junk.
+# Headings keep their math as text in the table of contents: `\(...\)` inside a TOC title.
+TOC_INLINE = re.compile(r"\\\((?P<tex>.*?)\\\)", re.S)
 TEXT_NODE = re.compile(r">([^<]+)<")
 BARE_AMPERSAND = re.compile(r"&(?!#x?[0-9A-Fa-f]+;|[A-Za-z]+;)")
 
@@ -67,8 +69,22 @@ def convert_page_math(content: str, page_name: str) -> tuple[str, list[str]]:
     return content, errors
 
 
+def convert_toc_titles(items) -> None:
+    """Math in headings, as the sidebar's table of contents shows them (titles are HTML there)."""
+    for item in items:
+        def replace(match: re.Match[str]) -> str:
+            try:
+                return latex_to_mathml(html.unescape(match.group("tex")), display=False)
+            except MathError:  # already reported for the heading itself
+                return match.group(0)
+
+        item.title = TOC_INLINE.sub(replace, item.title)
+        convert_toc_titles(item.children)
+
+
 def on_page_content(html_content: str, page, config, files) -> str:  # noqa: ARG001 (mkdocs API)
     content, errors = convert_page_math(html_content, page.file.src_uri)
     for message in errors:
         log.error(message)
+    convert_toc_titles(page.toc)
     return content
