@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -44,6 +45,31 @@ LOOPS = {  # name: (accumulator, addend, explicit cast)
     "fp32 += fp16.type(fp32)": (torch.float32, torch.float16, True),
 }
 # --8<-- [end:accumulation]
+
+
+# --8<-- [start:binade_walk]
+def binade_walk(dtype: torch.dtype = torch.float16, n: int = N_ADDS, value: float = ADDEND) -> list[dict]:
+    """Where the low-precision sum loses its accuracy: for each binade [2^k, 2^(k+1)) the running
+    sum passes through, the spacing of representable numbers there (ulp), how many adds it spent
+    there and what one add of `value` really added (each result is rounded to that grid)."""
+    s = torch.tensor(0, dtype=dtype)
+    x = torch.tensor(value, dtype=dtype)
+    rows: dict[int, dict] = {}
+    for _ in range(n):
+        before = float(s)
+        s += x
+        k = math.floor(math.log2(before)) if before > 0 else None
+        row = rows.setdefault(k, {"binade": "[0, first add)" if k is None else f"[{2.0**k:g}, {2.0**(k + 1):g})",
+                                  "ulp": None if k is None else 2.0**k * torch.finfo(dtype).eps,
+                                  "adds": 0, "added": 0.0})
+        row["adds"] += 1
+        row["added"] += float(s) - before
+    out = []
+    for row in rows.values():
+        row["added_per_add"] = row.pop("added") / row["adds"]
+        out.append(row)
+    return out
+# --8<-- [end:binade_walk]
 
 
 def accumulation_rows(device: str = "cpu") -> list[dict]:
