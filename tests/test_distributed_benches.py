@@ -17,18 +17,21 @@ def _rows(path):
 
 
 def test_collectives_rows_and_skips(tmp_path):
-    argv = ["--backend", "gloo", "nccl", "--world-sizes", "2", "--sizes-mb", "0.5", "1",
+    argv = ["--backend", "gloo", "nccl", "gloo-cuda", "--world-sizes", "2", "--sizes-mb", "0.5", "1",
             "--iters", "2", "--results-dir", str(tmp_path)]
     assert collectives_bench.main(argv) == 0
     rows = _rows(tmp_path / "collectives/all_reduce/cpu.jsonl")
     ok = [r for r in rows if r["status"] == "ok"]
-    assert {(r["backend"], r["size_mb"]) for r in ok} == {("gloo", 0.5), ("gloo", 1)}
+    assert {(r["backend"], r["device_type"], r["size_mb"]) for r in ok} >= {
+        ("gloo", "cpu", 0.5), ("gloo", "cpu", 1)}
     for r in ok:
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # 2 ranks: 2(n-1)/n = 1
         assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_ms"] / 1e6)
     skipped = [r for r in rows if r["status"] == "skipped"]
     if not __import__("torch").cuda.device_count() >= 2:
-        assert {r["backend"] for r in skipped} == {"nccl"} and "GPU" in skipped[0]["error"]
+        assert {(r["backend"], r["device_type"]) for r in skipped} == {("nccl", "cuda"),
+                                                                        ("gloo", "cuda")}
+        assert all("GPU" in r["error"] for r in skipped)
     assert collectives_bench.main(argv) == 0  # resumes: nothing new measured, no duplicate skips
     assert len(_rows(tmp_path / "collectives/all_reduce/cpu.jsonl")) == len(rows)
 
