@@ -121,7 +121,7 @@ def build_parser() -> _Parser:
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--attention", default="naive", help=f"one of {', '.join(ATTENTION_IMPLS)}")
     p.add_argument("--memory-snapshot", type=Path, metavar="PATH",
-                   help="record allocator history over the measured steps; write PATH (.pickle) and PATH.png")
+                   help="record allocator history over the measured steps; write PATH (a pickle) and its timeline as PATH with suffix .png")
     p.add_argument("--profile", help="nvtx (ranges for nsys) or torch (torch.profiler tables + trace)")
     p.add_argument("--trace", type=Path, help="Chrome trace path for --profile torch")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
