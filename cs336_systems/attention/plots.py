@@ -17,6 +17,7 @@ from ..bench.store import REPO_ROOT, ResultStore
 PLOT_DIR = REPO_ROOT / "docs" / "flash-attention"
 LABELS = {"triton": "ours, Triton FA2", "pytorch": "ours, PyTorch FA2 (compiled bwd)",
           "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}
+COLORS = {"triton": "C0", "pytorch": "C1", "naive": "C2", "sdpa": "C3"}  # fixed: panels lack some lines
 MODE_TITLES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
 
 
@@ -45,7 +46,7 @@ def plot_sweep(df: pd.DataFrame, out_dir: Path) -> list[Path]:
             for impl, label in LABELS.items():
                 line = sub[(sub["impl"] == impl) & (sub["mode"] == mode) & (sub["d"] == d)].sort_values("seq")
                 if not line.empty:
-                    ax.plot(line["seq"], line["tflops"], marker="o", ms=3, label=label)
+                    ax.plot(line["seq"], line["tflops"], marker="o", ms=3, label=label, color=COLORS[impl])
             ax.set_xscale("log", base=2)
             ax.set_title(f"{MODE_TITLES[mode]}, d={d}", fontsize=9)
             ax.grid(alpha=0.3)
@@ -53,10 +54,15 @@ def plot_sweep(df: pd.DataFrame, out_dir: Path) -> list[Path]:
                 ax.set_ylabel("TFLOP/s")
             if r == len(MODE_TITLES) - 1:
                 ax.set_xlabel("sequence length")
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8)
-        fig.suptitle(f"causal attention, batch 1, {dtype}", y=0.995, fontsize=10)
-        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        from matplotlib.lines import Line2D
+
+        present = [i for i in LABELS if i in set(sub["impl"])]
+        handles = [Line2D([], [], color=COLORS[i], marker="o", ms=3) for i in present]
+        fig.suptitle(f"causal attention, batch 1, {dtype}: TFLOP/s (FA convention) against sequence length",
+                     y=0.995, fontsize=10)
+        fig.legend(handles, [LABELS[i] for i in present], loc="upper center", bbox_to_anchor=(0.5, 0.965),
+                   ncol=len(present), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, 0.93))
         path = out_dir / f"sweep-{dtype}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -78,10 +84,19 @@ def plot_leaderboard(df: pd.DataFrame, out_dir: Path) -> Path:
     width = 0.38
     for j, mode in enumerate(modes):
         vals = [latest[(latest["impl"] == i) & (latest["mode"] == mode)]["mean_ms"].min() for i in impls]
-        ax.barh([y + j * width for y in range(len(impls))], vals, height=width, label=MODE_TITLES[mode])
+        ys = [y + j * width for y in range(len(impls))]
+        ax.barh(ys, vals, height=width, label=MODE_TITLES[mode])
+        for y, val in zip(ys, vals):
+            ax.annotate(f"{val:.2f}", (val, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_yticks([y + width / 2 for y in range(len(impls))], impls)
     ax.set_xscale("log")
-    ax.set_xlabel("ms (do_bench mean; lower is better)")
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.xaxis.set_major_locator(FixedLocator([1, 2, 5, 10, 20, 50]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlim(right=ax.get_xlim()[1] * 1.3)
+    ax.set_xlabel(f"ms, do_bench mean over {latest['rep_ms'].iloc[0] / 1000:g} s (lower is better); run {latest['run'].iloc[0]}")
     ax.invert_yaxis()
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="x")
