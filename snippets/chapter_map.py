@@ -66,6 +66,9 @@ CHAPTERS = (
 )
 
 SNIPPET = re.compile(r'--8<--\s+"(cs336_systems/[^":]+\.py)')
+# Imports in the page's executed code (markdown-exec blocks, the lab notebook).
+PAGE_IMPORT = re.compile(r"^\s*(?:from\s+(cs336_systems[\w.]*)\s+import\s+([\w, ]+)|import\s+(cs336_systems[\w.]*))", re.M)
+GENERIC = ("cs336_systems.report", "cs336_systems.bench")  # every chapter renders through these
 RESULTS_CALL = re.compile(r'(?:results_table|load_results)\(\s*["\']([^"\']+)["\']')
 
 
@@ -83,9 +86,22 @@ def chapter_modules(chapter: Chapter) -> list[str]:
     names += [BENCHMARKS[b].module for b in chapter.benches]
     page = ROOT / "docs" / chapter.page
     if page.exists():
-        for rel in SNIPPET.findall(page.read_text()):
+        text = page.read_text()
+        for rel in SNIPPET.findall(text):
             names.append(rel.removesuffix(".py").replace("/", "."))
-    return [n for n in dict.fromkeys(names) if module_file(n)]
+        for package, imported, module in PAGE_IMPORT.findall(text):
+            if module:
+                names.append(module)
+                continue
+            # `from cs336_systems.x import y`: y is a module when x/y.py exists, else a name in x
+            for name in (n.strip() for n in imported.split(",") if n.strip()):
+                names.append(f"{package}.{name}" if module_file(f"{package}.{name}") else package)
+    declared = {f"cs336_systems.{m}" for m in chapter.modules}
+    generic = tuple(g + "." for g in GENERIC)
+    # A page importing a package-level helper (`from cs336_systems.model import get_config`) or the
+    # generic rendering code does not make that package part of the chapter.
+    return [n for n in dict.fromkeys(names) if module_file(n) and (n in declared or (
+            n not in GENERIC and not n.startswith(generic) and module_file(n).name != "__init__.py"))]
 
 
 def imported_names(test: Path) -> set[str]:
@@ -142,21 +158,53 @@ def page_link(page: str) -> str:
     return page.removesuffix(".md").removesuffix(".py") + "/"
 
 
+def grouped(names: list[str], sep: str = ".") -> str:
+    """'profiling.a', 'profiling.b', 'bench.c' -> '`profiling`: a, b; `bench`: c' (wraps at commas)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        head, _, tail = name.rpartition(sep)
+        groups.setdefault(head, []).append(tail)
+    return "<br>".join(f"`{head}`: {', '.join(tails)}" if head else ", ".join(tails)
+                       for head, tails in groups.items())
+
+
+def results_cell(files: list[str]) -> str:
+    """results/<bench>/<device>.jsonl files, grouped by folder: '`memory`: peaks, residual (cpu)'."""
+    devices: dict[str, list[str]] = {}
+    for f in files:
+        bench, _, device = f.removeprefix("results/").removesuffix(".jsonl").rpartition("/")
+        devices.setdefault(bench, []).append(device)
+    folders: dict[str, dict[str, list[str]]] = {}
+    for bench, devs in devices.items():
+        head, _, tail = bench.rpartition("/")
+        folders.setdefault(head, {})[tail] = devs
+    cells = []
+    for head, benches in folders.items():
+        kinds = {tuple(d) for d in benches.values()}
+        if len(kinds) == 1:
+            body = f"{', '.join(benches)} ({', '.join(next(iter(kinds)))})"
+        else:
+            body = ", ".join(f"{b} ({', '.join(d)})" for b, d in benches.items())
+        cells.append(f"`{head}`: {body}" if head else body)
+    return "<br>".join(cells)
+
+
 def chapter_map() -> str:
     none = "—"
-    lines = ["| chapter | modules (in `cs336_systems`) | tests (markers) | `just` recipe | results |",
+    lines = ["| chapter | modules in `cs336_systems/` | tests in `tests/` (markers) | `just bench` NAME "
+             "| results in `results/` (device) |",
              "|---|---|---|---|---|"]
     for ch in CHAPTERS:
-        modules = chapter_modules(ch)
+        modules = [m.removeprefix("cs336_systems.") for m in chapter_modules(ch)]
         tests = chapter_tests(ch)
-        recipes = [f"`just bench {b}`" for b in ch.benches if module_file(BENCHMARKS[b].module)]
-        results = chapter_results(ch)
+        recipes = [b for b in ch.benches if module_file(BENCHMARKS[b].module)]
         cells = [
             f"[{ch.title}]({page_link(ch.page)})",
-            "<br>".join(f"`{m.removeprefix('cs336_systems.')}`" for m in modules) or none,
-            "<br>".join(f"`{t}`" + (f" ({', '.join(ms)})" if ms else "") for t, ms in tests) or none,
-            "<br>".join(recipes) or none,
-            "<br>".join(f"`{r}`" for r in results) or none,
+            grouped(modules) or none,
+            ", ".join(t.removeprefix("tests/") + (f" ({', '.join(ms)})" if ms else "") for t, ms in tests)
+            or none,
+            ", ".join(recipes) or none,
+            results_cell(chapter_results(ch)) or none,
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
