@@ -1,0 +1,212 @@
+"""Tables and numbers for docs/flash-attention.md, computed from the committed results at build time.
+
+Every measured number on that page comes through here (or `report.results_table`), never typed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from ..bench.store import REPO_ROOT
+from ..report import load_results, markdown_table, provenance_line
+from .flops import attention_flops
+
+# Reference figures quoted from /work/shared/ANCHORS.md (measured there on this GPU model, or
+# published): used as ceilings and milestones, never as our results.
+MATMUL_CEILING_TFLOPS = 686.0  # bf16 8192^3 matmul on the H200, ANCHORS.md
+COPY_CEILING_TBPS = 4.22  # device-to-device copy on the H200, ANCHORS.md
+LEADERBOARD_2025_BEST_MS = 5.364  # best verified Spring 2025 course leaderboard entry (H100)
+LB = dict(batch=16, seq=16384, d=64)  # the leaderboard case
+IMPL_NAMES = {"ours": "ours (Triton FA2)", "cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2 CUDA)",
+              "flex": "flex_attention", "naive": "naive, torch.compile"}
+SWEEP_NAMES = {"triton": "ours Triton", "pytorch": "ours PyTorch", "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}
+
+
+def _src(bench: str) -> str:
+    return f"results/{bench}/nvidia-h200.jsonl"
+
+
+# -- leaderboard ----------------------------------------------------------------------------------
+
+def leaderboard_rows() -> pd.DataFrame:
+    return load_results("attention/flash_leaderboard", status="ok")
+
+
+def leaderboard_table() -> str:
+    df = leaderboard_rows().copy()
+    df["implementation"] = df["impl"].map(IMPL_NAMES)
+    df["mode"] = df["mode"].map({"fwd_bwd": "forward+backward", "fwd": "forward"})
+    df["rep s"] = df["rep_ms"] / 1000
+    df = df.sort_values(["run", "mode", "mean_ms"], ascending=[True, False, True])
+    shown = df[["run", "mode", "implementation", "mean_ms", "median_ms", "tflops", "speed_vs_cudnn", "rep s"]]
+    shown = shown.rename(columns={"mean_ms": "mean ms", "median_ms": "median ms", "tflops": "TFLOP/s",
+                                  "speed_vs_cudnn": "speed vs cuDNN"})
+    return (markdown_table(shown, formats={"mean ms": ".3f", "median ms": ".3f", "TFLOP/s": ".0f",
+                                           "speed vs cuDNN": ".3f", "rep s": "g"})
+            + "\n\n" + provenance_line(load_results("attention/flash_leaderboard"), _src("attention/flash_leaderboard")))
+
+
+def leaderboard_facts() -> dict[str, float]:
+    """The latest run's numbers: ours and cuDNN, both modes, mean and median, and the checks."""
+    df = leaderboard_rows()
+    latest = df[df["run"] == df["run"].max()]
+    get = lambda impl, mode, col="mean_ms": float(latest[(latest.impl == impl) & (latest["mode"] == mode)][col].iloc[0])  # noqa: E731
+    facts = {f"{impl}_{mode}{'' if col == 'mean_ms' else '_median'}": get(impl, mode, col)
+             for impl in set(latest.impl) for mode in ("fwd", "fwd_bwd") for col in ("mean_ms", "median_ms")}
+    ours = latest[(latest.impl == "ours") & (latest["mode"] == "fwd_bwd")].iloc[0]
+    facts.update({k: float(ours[k]) for k in ("rel_err_o", "rel_err_dq", "rel_err_dk", "rel_err_dv")})
+    first = df[df["run"] == df["run"].min()]
+    facts["flash_fwd_bwd"] = float(first[(first.impl == "flash") & (first["mode"] == "fwd_bwd")]["mean_ms"].iloc[0])
+    facts["flash_fwd"] = float(first[(first.impl == "flash") & (first["mode"] == "fwd")]["mean_ms"].iloc[0])
+    facts["runs"] = len(set(df["run"]))
+    return facts
+
+
+# -- roofline -----------------------------------------------------------------------------------
+
+def roofline_facts() -> dict[str, float]:
+    B, N, d = LB["batch"], LB["seq"], LB["d"]
+    fwd = attention_flops(B, N, N, d, True, "fwd")
+    total = attention_flops(B, N, N, d, True, "fwd_bwd")
+    bytes_fwd = 4 * B * N * d * 2 + B * N * 4  # q, k, v read, o written (bf16); L written (fp32)
+    tune = load_results("attention/flash_tune", status="ok")
+    lb = tune[tune.key == "bf16-d64-causal-large"]
+    lb = lb[lb.run == lb.run.max()]
+    best = {k: float(lb[lb.kernel == k].ms.min()) for k in ("fwd", "dkdv", "dq", "fused")}
+    bwd_ms = min(best["fused"], best["dkdv"] + best["dq"])
+    bwd_flops = attention_flops(B, N, N, d, True, "bwd")
+    return {
+        "fwd_flops": fwd, "total_flops": total, "bytes_fwd": bytes_fwd,
+        "intensity": fwd / bytes_fwd,
+        "fwd_floor_ms": fwd / (MATMUL_CEILING_TFLOPS * 1e12) * 1e3,
+        "total_floor_ms": total / (MATMUL_CEILING_TFLOPS * 1e12) * 1e3,
+        "bytes_floor_us": bytes_fwd / (COPY_CEILING_TBPS * 1e12) * 1e6,
+        "kernel_fwd_ms": best["fwd"], "kernel_bwd_ms": bwd_ms,
+        "kernel_fwd_tflops": fwd / (best["fwd"] * 1e-3) / 1e12,
+        "kernel_bwd_tflops": bwd_flops / (bwd_ms * 1e-3) / 1e12,
+        # what the tensor cores actually execute: 7 matmuls per score tile, not the 5 counted
+        "kernel_bwd_executed_tflops": bwd_flops * 7 / 5 / (bwd_ms * 1e-3) / 1e12,
+    }
+
+
+# -- tuning -------------------------------------------------------------------------------------
+
+def _tile(kernel: str, c: dict) -> str:
+    if kernel == "fwd":
+        return f"{c['block_m']}x{c['block_n']}, {c['num_warps']} warps, {c['num_stages']} stages"
+    if kernel == "dkdv":
+        return f"{c['block_n1']} keys x {c['block_m1']} queries, {c['num_warps1']} w, {c['num_stages1']} st"
+    if kernel == "dq":
+        return f"{c['block_m2']} queries x {c['block_n2']} keys, {c['num_warps2']} w, {c['num_stages2']} st"
+    return (f"dK/dV {c['block_n1']}x{c['block_m1']}, dQ {c['block_m2']}x{c['block_n2']}, "
+            f"{c['num_warps1']} w, {c['num_stages1']} st")
+
+
+def tuning_effect_table() -> str:
+    """Leaderboard shape: the configuration we started from (the heuristic) against the best one
+    measured, per kernel; and the fused launch against the two launches."""
+    from .configs import BwdConfig, heuristic_bwd, heuristic_fwd
+    import torch
+
+    tune = load_results("attention/flash_tune", status="ok")
+    lb = tune[tune.key == "bf16-d64-causal-large"]
+    lb = lb[lb.run == lb.run.max()]
+    h_fwd, h_bwd = heuristic_fwd(torch.bfloat16, 64).__dict__, heuristic_bwd(torch.bfloat16, 64).__dict__
+    rows = []
+    for kernel, fields in (("fwd", ("block_m", "block_n", "num_warps", "num_stages")),
+                           ("dkdv", ("block_m1", "block_n1", "num_warps1", "num_stages1")),
+                           ("dq", ("block_m2", "block_n2", "num_warps2", "num_stages2"))):
+        sub = lb[lb.kernel == kernel]
+        ref = h_fwd if kernel == "fwd" else h_bwd
+        start = sub[sub.config.map(lambda c: all(c[f] == ref[f] for f in fields))]
+        best = sub.loc[sub.ms.idxmin()]
+        rows.append({"kernel": {"fwd": "forward", "dkdv": "dK/dV pass", "dq": "dQ pass"}[kernel],
+                     "candidates": len(sub), "heuristic": _tile(kernel, start.iloc[0].config) if len(start) else "—",
+                     "heuristic ms": float(start.ms.iloc[0]) if len(start) else None,
+                     "best": _tile(kernel, best.config), "best ms": float(best.ms),
+                     "worst ms": float(sub.ms.max())})
+    fused = lb[lb.kernel == "fused"]
+    if len(fused):
+        best = fused.loc[fused.ms.idxmin()]
+        sep = rows[1]["best ms"] + rows[2]["best ms"]
+        rows.append({"kernel": "backward, one launch", "candidates": len(fused),
+                     "heuristic": "best dK/dV + best dQ, two launches", "heuristic ms": sep,
+                     "best": _tile("fused", best.config), "best ms": float(best.ms), "worst ms": float(fused.ms.max())})
+    df = pd.DataFrame(rows)
+    return (markdown_table(df, formats={"heuristic ms": ".3f", "best ms": ".3f", "worst ms": ".3f"})
+            + "\n\n" + provenance_line(lb, _src("attention/flash_tune")))
+
+
+def chosen_configs_table() -> str:
+    from .tuned_configs import TUNED
+
+    rows = []
+    for key in sorted(set(TUNED["fwd"]) | set(TUNED["bwd"])):
+        f, b = TUNED["fwd"].get(key), TUNED["bwd"].get(key)
+        rows.append({"key (dtype-d-mask-size)": key, "forward": _tile("fwd", f) if f else "—",
+                     "backward": ("one launch: " + _tile("fused", b)) if b and b["fused"] else
+                     (f"dK/dV {_tile('dkdv', b)}; dQ {_tile('dq', b)}" if b else "—")})
+    return markdown_table(pd.DataFrame(rows))
+
+
+# -- sweep --------------------------------------------------------------------------------------
+
+def sweep_rows() -> pd.DataFrame:
+    return load_results("attention/flash_sweep")
+
+
+def sweep_table(dtype: str, mode: str, value: str = "ms") -> str:
+    """Rows (d, seq); one column per implementation; OOM/skips shown as such."""
+    df = sweep_rows()
+    df = df[(df.dtype == dtype) & (df["mode"] == mode)]
+    cells = {}
+    for r in df.to_dict("records"):
+        v = r.get(value)
+        if r["status"] == "ok":
+            text = f"{v:.3g}" if value == "ms" else f"{v:.0f}"
+        elif r["status"] == "unsupported":
+            text = "skip" if str(r.get("error", "")).startswith("skipped") else "n/a"
+        else:
+            text = r["status"].upper()
+        cells[(r["d"], r["seq"], r["impl"])] = text
+    impls = [i for i in SWEEP_NAMES if i in set(df.impl)]
+    rows = [{"d": d, "seq": n, **{SWEEP_NAMES[i]: cells.get((d, n, i), "not run") for i in impls}}
+            for d in sorted(set(df.d)) for n in sorted(set(df.seq))]
+    return markdown_table(pd.DataFrame(rows), formats={"d": "d", "seq": ","}) + "\n\n" + \
+        provenance_line(df, _src("attention/flash_sweep"))
+
+
+def sweep_facts() -> dict[str, float]:
+    df = sweep_rows()
+    ok = df[df.status == "ok"]
+    get = lambda impl, dt, d, n, mode: ok[(ok.impl == impl) & (ok.dtype == dt) & (ok.d == d) & (ok.seq == n)  # noqa: E731
+                                         & (ok["mode"] == mode)]
+    out = {}
+    for d in (16, 32, 64, 128):
+        for mode in ("fwd", "bwd", "fwd_bwd"):
+            t, s = get("triton", "bf16", d, 65536, mode), get("sdpa", "bf16", d, 65536, mode)
+            if len(t) and len(s):
+                out[f"speed_vs_cudnn_d{d}_{mode}_64k"] = float(s.ms.iloc[0] / t.ms.iloc[0])
+                out[f"triton_tflops_d{d}_{mode}_64k"] = float(t.tflops.iloc[0])
+                out[f"sdpa_tflops_d{d}_{mode}_64k"] = float(s.tflops.iloc[0])
+    for dt in ("bf16", "fp32"):
+        t, n = get("triton", dt, 64, 16384, "fwd_bwd"), get("naive", dt, 64, 16384, "fwd_bwd")
+        out[f"speedup_vs_naive_{dt}_d64_16k"] = float(n.ms.iloc[0] / t.ms.iloc[0])
+        tm, nm = get("triton", dt, 64, 65536, "fwd_bwd"), get("naive", dt, 64, 65536, "fwd_bwd")
+        out[f"mem_triton_{dt}_d64_64k_gb"] = float(tm.peak_mem_gb.iloc[0])
+        out[f"mem_naive_{dt}_d64_64k_gb"] = float(nm.peak_mem_gb.iloc[0])
+    out["oom_cells"] = int((df.status == "oom").sum())
+    out["pytorch_measured"] = int(((df.impl == "pytorch") & (df.status == "ok")).sum())
+    return out
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+def gpu_test_summary() -> str:
+    log = REPO_ROOT / "results" / "attention" / "flash_gpu_tests" / "nvidia-h200.log"
+    text = log.read_text()
+    header = " ".join(line.lstrip("# ").strip() for line in text.splitlines()[:2])
+    summary = [line.strip() for line in text.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    return f"`{summary[-1]}` ({header}; log: `results/attention/flash_gpu_tests/nvidia-h200.log`)"
