@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -111,28 +111,27 @@ def _tuned(kind: str, dtype: torch.dtype, head_dim: int, causal: bool, size: str
     return None
 
 
+def _config(kind: str, dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
+            n_keys: int):
+    """Override (tests, tuning) > interpreter tiles > measured table > heuristic."""
+    cls, interp, heuristic = {"fwd": (FwdConfig, INTERPRETER_FWD, heuristic_fwd),
+                              "bwd": (BwdConfig, INTERPRETER_BWD, heuristic_bwd)}[kind]
+    if kind in _override:
+        return _override[kind]
+    if interpreting():
+        return interp
+    found = _tuned(kind, dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
+    return cls(**found) if found else heuristic(dtype, next_power_of_2(head_dim))
+
+
 def fwd_config(dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
                n_keys: int) -> FwdConfig:
-    if "fwd" in _override:
-        return _override["fwd"]  # type: ignore[return-value]
-    if interpreting():
-        return INTERPRETER_FWD
-    found = _tuned("fwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
-    return FwdConfig(**found) if found else heuristic_fwd(dtype, next_power_of_2(head_dim))
+    return _config("fwd", dtype, head_dim, causal, n_bh, n_queries, n_keys)
 
 
 def bwd_config(dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
                n_keys: int) -> BwdConfig:
-    if "bwd" in _override:
-        return _override["bwd"]  # type: ignore[return-value]
-    if interpreting():
-        return INTERPRETER_BWD
-    found = _tuned("bwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
-    return BwdConfig(**found) if found else heuristic_bwd(dtype, next_power_of_2(head_dim))
-
-
-def as_dict(config: FwdConfig | BwdConfig) -> dict:
-    return asdict(config)
+    return _config("bwd", dtype, head_dim, causal, n_bh, n_queries, n_keys)
 
 
 def main(argv: list[str] | None = None) -> int:
