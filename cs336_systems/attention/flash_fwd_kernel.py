@@ -14,25 +14,10 @@ mode (GPU or interpreter).
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+from .tile_io import LOG2E, load_rows
+
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 MASK_LOG2: tl.constexpr = tl.constexpr(-1.0e6 * 1.4426950408889634)  # the course's -1e6, in base 2
-
-
-@triton.jit
-def load_rows(base, offs_row, offs_d, stride_row, stride_d, n_rows,
-              ROW_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
-    """A (rows, HEAD_DIM_PAD) tile; masked only where it can run past the tensor."""
-    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :] * stride_d
-    if ROW_MASK:
-        mask = offs_row[:, None] < n_rows
-        if HEAD_DIM != HEAD_DIM_PAD:
-            mask = mask & (offs_d[None, :] < HEAD_DIM)
-        return tl.load(ptrs, mask=mask, other=0.0)
-    elif HEAD_DIM != HEAD_DIM_PAD:
-        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    else:
-        return tl.load(ptrs)
 
 
 # --8<-- [start:fwd_tiles]

@@ -1,0 +1,32 @@
+"""Tile loads and stores shared by the forward and backward kernels.
+
+Kernel modules import these @triton.jit helpers; Triton inlines them into each kernel, so sharing
+the source changes nothing in the compiled code.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def load_rows(base, offs_row, offs_d, stride_row, stride_d, n_rows,
+              ROW_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """A (rows, HEAD_DIM_PAD) tile; masked only where it can run past the tensor."""
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :] * stride_d
+    if ROW_MASK:
+        mask = offs_row[:, None] < n_rows
+        if HEAD_DIM != HEAD_DIM_PAD:
+            mask = mask & (offs_d[None, :] < HEAD_DIM)
+        return tl.load(ptrs, mask=mask, other=0.0)
+    elif HEAD_DIM != HEAD_DIM_PAD:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def store_rows(base, tile, offs_row, offs_d, stride_row, stride_d, n_rows, HEAD_DIM: tl.constexpr):
+    ptrs = base + offs_row[:, None] * stride_row + offs_d[None, :] * stride_d
+    tl.store(ptrs, tile.to(base.dtype.element_ty), mask=(offs_row[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
