@@ -71,9 +71,7 @@ def roofline_facts() -> dict[str, float]:
     fwd = attention_flops(B, N, N, d, True, "fwd")
     total = attention_flops(B, N, N, d, True, "fwd_bwd")
     bytes_fwd = 4 * B * N * d * 2 + B * N * 4  # q, k, v read, o written (bf16); L written (fp32)
-    tune = load_results("attention/flash_tune", status="ok")
-    lb = tune[tune.key == "bf16-d64-causal-large"]
-    lb = lb[lb.run == lb.run.max()]
+    lb = _leaderboard_tuning()
     best = {k: float(lb[lb.kernel == k].ms.min()) for k in ("fwd", "dkdv", "dq", "fused")}
     bwd_ms = min(best["fused"], best["dkdv"] + best["dq"])
     bwd_flops = attention_flops(B, N, N, d, True, "bwd")
@@ -104,15 +102,20 @@ def _tile(kernel: str, c: dict) -> str:
             f"{c['num_warps1']} w, {c['num_stages1']} st")
 
 
-def tuning_effect_table() -> str:
-    """Leaderboard shape: the configuration we started from (the heuristic) against the best one
-    measured, per kernel; and the fused launch against the two launches."""
-    from .configs import BwdConfig, heuristic_bwd, heuristic_fwd
-    import torch
-
+def _leaderboard_tuning() -> pd.DataFrame:
+    """The latest tuning run's rows at the leaderboard shape."""
     tune = load_results("attention/flash_tune", status="ok")
     lb = tune[tune.key == "bf16-d64-causal-large"]
-    lb = lb[lb.run == lb.run.max()]
+    return lb[lb.run == lb.run.max()]
+
+
+def tuning_effect_rows() -> list[dict]:
+    """Leaderboard shape: the configuration we started from (the heuristic) against the best one
+    measured, per kernel; and the fused launch against the two launches."""
+    from .configs import heuristic_bwd, heuristic_fwd
+    import torch
+
+    lb = _leaderboard_tuning()
     h_fwd, h_bwd = heuristic_fwd(torch.bfloat16, 64).__dict__, heuristic_bwd(torch.bfloat16, 64).__dict__
     rows = []
     for kernel, fields in (("fwd", ("block_m", "block_n", "num_warps", "num_stages")),
@@ -134,9 +137,13 @@ def tuning_effect_table() -> str:
         rows.append({"kernel": "backward, one launch", "candidates": len(fused),
                      "heuristic": "best dK/dV + best dQ, two launches", "heuristic ms": sep,
                      "best": _tile("fused", best.config), "best ms": float(best.ms), "worst ms": float(fused.ms.max())})
-    df = pd.DataFrame(rows)
+    return rows
+
+
+def tuning_effect_table() -> str:
+    df = pd.DataFrame(tuning_effect_rows())
     return (markdown_table(df, formats={"heuristic ms": ".3f", "best ms": ".3f", "worst ms": ".3f"})
-            + "\n\n" + provenance_line(lb, _src("attention/flash_tune")))
+            + "\n\n" + provenance_line(_leaderboard_tuning(), _src("attention/flash_tune")))
 
 
 def chosen_configs_table() -> str:
