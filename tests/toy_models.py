@@ -7,8 +7,10 @@ Each carries one of the traps a data-parallel wrapper must survive:
 - `ToyModel`: a frozen bias (requires_grad=False) inside a layer that is used, and a frozen
   parameter `no_grad_fixed_param` that forward never touches. A wrapper that hooks or communicates
   them crashes or hangs; both must still be broadcast from rank 0.
-- `ToyModelWithTiedWeights`: one weight shared by two layers. It appears once in `parameters()` but
-  its gradient is accumulated twice per backward (a post-accumulate hook fires twice).
+- `ToyModelWithTiedWeights`: one weight shared by two layers. It appears once in `parameters()` and
+  receives gradient from both uses; autograd sums the two in the weight's single AccumulateGrad node,
+  so `.grad` is written (and a post-accumulate hook fires) once per backward, not twice as the
+  course text says (tests/test_ddp_stages.py checks which).
 - `ToyModelWithUnusedParameter`: a trainable parameter forward never uses, so it never gets a
   gradient; finishing gradient synchronization must not wait for it.
 - `ToyModelWithBuffer`: a registered buffer (running statistic) that must be broadcast too.
@@ -61,7 +63,7 @@ class ToyModel(nn.Module):
 
 
 class ToyModelWithTiedWeights(nn.Module):
-    """fc4 and fc2 share one (50, 10) weight tensor: two uses per forward, two accumulations."""
+    """fc4 and fc2 share one (50, 10) weight tensor: two uses per forward, one summed .grad write."""
 
     def __init__(self):
         super().__init__()
