@@ -40,8 +40,9 @@ def pm(mean: float, std: float) -> str:
     return f"{mean:.1f} ± {std:.1f}"
 
 
-def _done(df: pd.DataFrame, bench: str, floatfmt: str = ".3g") -> str:
-    return markdown_table(df, floatfmt=floatfmt) + "\n\n" + provenance_line(load_results(bench), SRC.format(bench))
+def _done(df: pd.DataFrame, bench: str, floatfmt: str = ".3g", formats: dict | None = None) -> str:
+    return (markdown_table(df, floatfmt=floatfmt, formats=formats) + "\n\n"
+            + provenance_line(load_results(bench), SRC.format(bench)))
 
 
 def value(bench: str, column: str, **where) -> float:
@@ -103,7 +104,7 @@ def warmup_table() -> str:
             row[f"{k} warm-up: mean ± std"] = pm(s["mean_ms"], s["std_ms"])
         row["5 warm-up (own run)"] = pm(five.iloc[0].mean_ms, five.iloc[0].std_ms) if not five.empty else "—"
         out.append(row)
-    return _done(pd.DataFrame(out), "end-to-end/warmup")
+    return _done(pd.DataFrame(out), "end-to-end/warmup", formats={"CUDA context ms": ",.0f", "first step ms": ",.0f"})
 
 
 def _svg(fig) -> str:
@@ -166,14 +167,30 @@ def compile_table() -> str:
 
 # ---- nsys_profile, answered with torch.profiler -----------------------------------------------
 
+def kernel_cells() -> pd.DataFrame:
+    """The newest row per (size, context) of the profiler grid, in size then context order."""
+    return _by_size(_latest(_ok("profiling/kernel_cells"), ["size", "context"]).sort_values("context"))
+
+
+def overcounted(r) -> list[str]:
+    """Phases of one profiler cell whose attributed kernel time exceeds the phase's wall time.
+
+    On one CUDA stream kernels run one after another, so their summed time cannot exceed the
+    (synchronised) range that launched them: a ratio above 1 means some kernels were counted twice.
+    """
+    return [p for p in ("fwd", "bwd", "opt") if r[f"{p}_kernel_ms"] > r[f"{p}_range_ms"]]
+
+
+OVERCOUNT_MARK = " †"
+
+
 def phase_table() -> str:
     """(a) and (d): per cell, profiler vs Python timer, and the matmul share per phase."""
-    c = _by_size(_latest(_ok("profiling/kernel_cells"), ["size", "context"]))
     out = []
-    for _, r in c.sort_values("context").pipe(_by_size).iterrows():
+    for _, r in kernel_cells().iterrows():
         step = r.fwd_kernel_ms + r.bwd_kernel_ms + r.opt_kernel_ms
         mm = (r.fwd_kernel_ms * r.fwd_matmul_share + r.bwd_kernel_ms * r.bwd_matmul_share)
-        out.append({"size": r["size"], "ctx": r.context,
+        out.append({"size": r["size"] + (OVERCOUNT_MARK if overcounted(r) else ""), "ctx": r.context,
                     "fwd kernels ms": r.fwd_kernel_ms, "fwd range ms": r.fwd_range_ms,
                     "fwd Python timer ms": r.fwd_python_ms,
                     "kernels / range": r.fwd_kernel_ms / r.fwd_range_ms,
@@ -213,23 +230,35 @@ def kernel_list(size: str, context: int, phase: str, n: int = 10, matmul: bool |
     return _done(g[["kernel", "calls", "ms", "share of phase", "matmul"]], "profiling/kernels")
 
 
-def attention_regions_table() -> str:
-    """(e): inside the forward's attention, softmax time vs the two matmuls, against their FLOPs."""
-    c = _latest(_ok("profiling/kernel_cells"), ["size", "context"])
+def attention_region_rows() -> pd.DataFrame:
+    """(e), one row per profiler cell: the three attention regions' kernel time, the softmax region
+    against the two matmul kernels alone (the scaling kernel of the scores region left out), and the
+    same ratio in FLOPs. `overcounted`: the cell fails the kernels <= wall-time check."""
     k = _latest(_ok("profiling/kernels"), ["size", "context", "phase", "region", "kernel"])
     out = []
-    for _, r in c.sort_values("context").pipe(_by_size).iterrows():
+    for _, r in kernel_cells().iterrows():
         cfg = get_config(r["size"])
         kk = k[(k["size"] == r["size"]) & (k["context"] == r.context) & (k["phase"] == "forward")]
         mm = kk[kk["region"].isin(["attn_scores", "attn_output"]) & kk["kernel"].map(is_matmul)]["total_ms"].sum()
         flops = attention_flops(4, cfg.num_heads, int(r.context), cfg.d_head)
         flop_ratio = flops["attn_softmax"] / (flops["attn_scores"] + flops["attn_output"])
-        out.append({"size": r["size"], "ctx": r.context, "scores (QKᵀ, scale) ms": r.attn_scores_ms,
-                    "softmax (mask, softmax) ms": r.attn_softmax_ms, "output (PV) ms": r.attn_output_ms,
-                    "softmax / matmul time": r.attn_softmax_ms / mm if mm else None,
-                    "softmax / matmul FLOPs": flop_ratio,
-                    "time ratio / FLOP ratio": (r.attn_softmax_ms / mm) / flop_ratio if mm else None})
-    return _done(pd.DataFrame(out), "profiling/kernel_cells")
+        time_ratio = r.attn_softmax_ms / mm if mm else float("nan")
+        out.append({"size": r["size"], "context": int(r.context), "scores_ms": r.attn_scores_ms,
+                    "softmax_ms": r.attn_softmax_ms, "output_ms": r.attn_output_ms, "matmul_ms": mm,
+                    "time_ratio": time_ratio, "flop_ratio": flop_ratio,
+                    "per_flop": time_ratio / flop_ratio, "overcounted": bool(overcounted(r))})
+    return pd.DataFrame(out)
+
+
+def attention_regions_table() -> str:
+    """(e): inside the forward's attention, softmax time vs the two matmuls, against their FLOPs."""
+    df = attention_region_rows()
+    out = df.apply(lambda r: pd.Series({
+        "size": r["size"] + (OVERCOUNT_MARK if r.overcounted else ""), "ctx": r.context,
+        "scores (QKᵀ, scale) ms": r.scores_ms, "softmax (mask, softmax) ms": r.softmax_ms,
+        "output (PV) ms": r.output_ms, "softmax / matmul time": r.time_ratio,
+        "softmax / matmul FLOPs": r.flop_ratio, "time ratio / FLOP ratio": r.per_flop}), axis=1)
+    return _done(out, "profiling/kernel_cells")
 
 
 # ---- memory_profiling --------------------------------------------------------------------------

@@ -45,7 +45,7 @@ for v in (1.0, 4.0, 8.0, 10.0):
 
 # %% [markdown]
 # The fp16 loop, binade by binade: how many of the thousand adds happened there and what one add
-# really added. In $[4, 8)$ each add rounds up (too much), in $[8, 16)$ it rounds down to a single
+# really added. In [4, 8) each add rounds up (too much), in [8, 16) it rounds down to a single
 # ulp (too little); the roundings are the same at every step of a binade, so they do not cancel.
 
 # %%
