@@ -34,7 +34,8 @@ def attention_memory(batch: int, seq: int, d: int, bytes_per_element: int = 4) -
     Forward: S = Q K^T (batch·seq² elements), S/sqrt(d) (another), P = softmax (another); autograd
     keeps Q, K (for the QK^T backward), P (softmax backward needs its output; P V's backward needs P)
     and V. Before backward: Q, K, V, O and P are live. Backward of P V makes dP (batch·seq²);
-    softmax backward makes dS (batch·seq²) from P and dP, and the scale's backward one more.
+    softmax backward makes dS (batch·seq²) from P and dP. The measured peak holds one more
+    score-sized tensor beside P, dP and dS (docs/attention.md discusses which), so count four.
     """
     e = bytes_per_element
     vec = batch * seq * d * e  # one (batch, seq, d) tensor
@@ -44,7 +45,7 @@ def attention_memory(batch: int, seq: int, d: int, bytes_per_element: int = 4) -
         "inputs_qkv": 3 * vec,
         "forward_peak": 3 * vec + 2 * mat,  # S and S/sqrt(d) alive together, then S/sqrt(d) and P
         "before_backward": 4 * vec + mat,  # Q, K, V, O + P
-        "backward_peak": 4 * vec + 4 * mat + 4 * vec,  # P, dP, dS, dS/sqrt(d) + grads of Q, K, V, dO
+        "backward_peak": 4 * vec + 4 * mat + 4 * vec,  # P, dP, dS + one temporary; grads of Q, K, V, dO
     }
 
 
