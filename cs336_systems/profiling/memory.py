@@ -125,8 +125,9 @@ def render_timeline(snapshot: dict, png: str | Path, *, title: str = "", device:
         seen.add(name)
         ax.axvspan(start, stop, color=colors.get(name, "#999999"), alpha=0.15, label=label)
     peak = max(range(len(gib)), key=gib.__getitem__)
+    left_half = peak < len(gib) / 2  # put the label on the side with room, inside the axes
     ax.annotate(f"peak {gib[peak]:.1f} GiB", (peak, gib[peak]), textcoords="offset points",
-                xytext=(-10, -14), ha="right", fontsize=8)
+                xytext=(10 if left_half else -10, -14), ha="left" if left_half else "right", fontsize=8)
     ax.set_xlabel("allocator event (alloc or free)")
     ax.set_ylabel("active memory (GiB)")
     ax.set_ylim(0, max(gib) * 1.12 if max(gib) > 0 else 1)
