@@ -40,7 +40,14 @@ class BwdConfig:
     num_warps2: int = 4
     num_stages2: int = 2
     fused: bool = False  # both passes in one launch (with warps1/stages1)
+    # One pass instead of two: the dK/dV program also adds its dQ share with fp32 atomics
+    # (flash_bwd_onepass_kernel; uses the *1 fields, ignores the *2 fields and `fused`).
+    one_pass: bool = False
 # --8<-- [end:configs]
+
+    def __post_init__(self):
+        if self.one_pass and self.fused:
+            raise ValueError("BwdConfig: one_pass and fused exclude each other (fused is a two-pass launch)")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -76,6 +83,13 @@ def heuristic_bwd(dtype: torch.dtype, head_dim_pad: int) -> BwdConfig:
     if head_dim_pad <= 64:
         return BwdConfig(32, 128, 128, 32, 4, 3, 4, 3)
     return BwdConfig(32, 64, 64, 32, 4, 2, 4, 2)
+
+
+def heuristic_onepass(dtype: torch.dtype, head_dim_pad: int) -> BwdConfig:
+    """A one-pass config (not measured): the heuristic dK/dV pass's tiles, whose program it extends."""
+    c = heuristic_bwd(dtype, head_dim_pad)
+    return BwdConfig(c.block_m1, c.block_n1, c.block_m1, c.block_n1, c.num_warps1, c.num_stages1,
+                     c.num_warps1, c.num_stages1, one_pass=True)
 
 
 _override: dict[str, object] = {}

@@ -17,6 +17,7 @@ from .triton_loader import kernels, next_power_of_2
 
 FWD = "cs336_systems.attention.flash_fwd_kernel"
 BWD = "cs336_systems.attention.flash_bwd_kernel"
+BWD_ONEPASS = "cs336_systems.attention.flash_bwd_onepass_kernel"
 LOG2E = 1.4426950408889634
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which carries batch * heads
 
@@ -113,6 +114,21 @@ def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tu
     return dq, dk, dv
 
 
+def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from one pass over the key tiles (block_m1, block_n1, warps1, stages1). dQ is
+    summed in an fp32 buffer with atomics (order not deterministic), then cast to q's dtype."""
+    Z, H, n_q, n_k, d = _shape(q, k)
+    dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
+    dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
+    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    kernels(BWD_ONEPASS).bwd_onepass_kernel[(_cdiv(n_k, c.block_n1), Z * H)](
+        q, k, v, do, L, delta, dq, dk, dv, *strides, *sizes,
+        CAUSAL=is_causal, EVEN_N=n_k % c.block_n1 == 0, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
+        BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, num_warps=c.num_warps1, num_stages=c.num_stages1)
+    return dq.to(q.dtype), dk, dv
+
+
 # --8<-- [start:launch_bwd]
 def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
                config: BwdConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -120,6 +136,8 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
     Z, H, n_q, n_k, d = _shape(q, k)
     c = config or cfgs.bwd_config(q.dtype, d, is_causal, Z * H, n_q, n_k)
     delta = launch_preprocess(o, do)
+    if c.one_pass:
+        return launch_bwd_onepass(q, k, v, do, L, delta, is_causal, c)
     if c.fused:
         return launch_bwd_fused(q, k, v, do, L, delta, is_causal, c)
     dk, dv = launch_dkdv(q, k, v, do, L, delta, is_causal, c)
