@@ -60,6 +60,10 @@ def test_table_picks_the_fastest_of_the_latest_run():
     fused = {**dkdv, "fused": True}
     assert tune.choose(rows + [row("fused", fused, 2.9)])["bwd"]["k"] == fused
     assert tune.choose(rows + [row("fused", fused, 3.1)])["bwd"]["k"]["fused"] is False
+    one_pass = {**dkdv, "one_pass": True}  # must beat the best of two-pass and fused
+    assert tune.choose(rows + [row("fused", fused, 2.9), row("onepass", one_pass, 2.8)])["bwd"]["k"] == one_pass
+    assert tune.choose(rows + [row("fused", fused, 2.9), row("onepass", one_pass, 2.95)])["bwd"]["k"] == fused
+    assert tune.choose(rows + [row("onepass", one_pass, 3.1)])["bwd"]["k"]["fused"] is False
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
@@ -75,7 +79,7 @@ def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     store = ResultStore(tune.BENCH, key=["key", "kernel", "config", "run"], device="cpu", root=tmp_path)
     tune.tune(store, [("bf16-d16-causal-large", 1, 40, 16, "bf16", False)], None)
     rows = store.rows()
-    assert {r["kernel"] for r in rows} == {"fwd", "dkdv", "dq", "fused"}
+    assert {r["kernel"] for r in rows} == {"fwd", "dkdv", "dq", "fused", "onepass"}
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in rows)
     table = tune.choose(rows)
     assert set(table["fwd"]) == set(table["bwd"]) == {"bf16-d16-causal-large"}

@@ -5,7 +5,7 @@ memory traffic in the PTX) and whether the tensor-core instructions (wgmma) and 
 (cp.async) are there, all at no device time. `tune` uses `fits` to drop configurations that cannot
 launch (over 227 KB of shared memory) before timing anything.
 
-    python -m cs336_systems.attention.compile_report [--dtype bf16] [--d 64] [--causal]
+    python -m cs336_systems.attention.compile_report [--dtype bf16] [--d 64] [--causal] [--onepass-candidates]
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from .triton_loader import next_power_of_2
 SMEM_LIMIT = 232448  # bytes a Hopper program may use (227 KB)
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 _OPS = re.compile(r"^\s*((?:cp\.async|wgmma\.mma_async|ld\.local|st\.local|ld\.global)[\w.:]*)", re.M)
+# Atomics are predicated (`@%p1 red.global...`), which _OPS (unpredicated instructions only) misses.
+_ATOMICS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(red|atom)\.global[\w.]*", re.M)
 
 
 def _compile(fn, pointers: dict[str, str], const: dict, num_warps: int, num_stages: int):
@@ -46,8 +48,9 @@ def _compile(fn, pointers: dict[str, str], const: dict, num_warps: int, num_stag
 
 
 def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_dim: int, causal: bool) -> dict:
-    """Resources of one kernel ('fwd', 'dkdv', 'dq' or 'fused') for one config."""
+    """Resources of one kernel ('fwd', 'dkdv', 'dq', 'fused' or 'onepass') for one config."""
     from . import flash_bwd_kernel as B
+    from . import flash_bwd_onepass_kernel as B1
     from . import flash_fwd_kernel as F
 
     p = _PTR[dtype]
@@ -65,6 +68,11 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
         if kind == "dkdv":
             fn, const = B.bwd_dkdv_kernel, common | dict(BLOCK_M=config.block_m1, BLOCK_N=config.block_n1)
             warps, stages = config.num_warps1, config.num_stages1
+        elif kind == "onepass":  # EVEN_N: the timed shapes are multiples of the key tile
+            fn = B1.bwd_onepass_kernel
+            ptrs["DQ"] = "*fp32"  # the atomics accumulate into an fp32 buffer, whatever the dtype
+            const = common | dict(EVEN_N=True, BLOCK_M=config.block_m1, BLOCK_N=config.block_n1)
+            warps, stages = config.num_warps1, config.num_stages1
         elif kind == "dq":
             fn, const = B.bwd_dq_kernel, common | dict(BLOCK_M=config.block_m2, BLOCK_N=config.block_n2)
             warps, stages = config.num_warps2, config.num_stages2
@@ -77,25 +85,37 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
     start = time.perf_counter()
     k = _compile(fn, {n: t for n, t in ptrs.items() if n in fn.arg_names}, const, warps, stages)
     ops = collections.Counter(m.split(".")[0] + "." + m.split(".")[1] for m in _OPS.findall(k.asm["ptx"]))
-    return {"smem": k.metadata.shared, "fits": k.metadata.shared <= SMEM_LIMIT,
-            "spills": ops.get("ld.local", 0) + ops.get("st.local", 0), "wgmma": ops.get("wgmma.mma_async", 0),
-            "cp_async": ops.get("cp.async", 0), "compile_s": time.perf_counter() - start}
+    out = {"smem": k.metadata.shared, "fits": k.metadata.shared <= SMEM_LIMIT,
+           "spills": ops.get("ld.local", 0) + ops.get("st.local", 0), "wgmma": ops.get("wgmma.mma_async", 0),
+           "cp_async": ops.get("cp.async", 0), "compile_s": time.perf_counter() - start}
+    if kind == "onepass":  # the only kernel with atomics: red (result unused) or atom (result used)
+        atomics = collections.Counter(_ATOMICS.findall(k.asm["ptx"]))
+        out["red"], out["atom"] = atomics.get("red", 0), atomics.get("atom", 0)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .configs import heuristic_bwd, heuristic_fwd
+    from .configs import heuristic_bwd, heuristic_fwd, heuristic_onepass
 
     ap = argparse.ArgumentParser(prog="compile_report", description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--onepass-candidates", action="store_true",
+                    help="also compile every one-pass candidate `tune` would time for this dtype and d")
     args = ap.parse_args(argv)
     if not 16 <= args.d <= 128:
         ap.error(f"--d must be in 16..128, got {args.d}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     fwd, bwd = heuristic_fwd(dtype, next_power_of_2(args.d)), heuristic_bwd(dtype, next_power_of_2(args.d))
-    for kind, config in (("fwd", fwd), ("dkdv", bwd), ("dq", bwd), ("fused", bwd)):
+    for kind, config in (("fwd", fwd), ("dkdv", bwd), ("dq", bwd), ("fused", bwd),
+                         ("onepass", heuristic_onepass(dtype, next_power_of_2(args.d)))):
         print(kind, config, report(kind, config, dtype, args.d, args.causal))
+    if args.onepass_candidates:
+        from .tune import onepass_candidates, onepass_from
+
+        for c in onepass_candidates(dtype, args.d, wide=True):
+            print("onepass", c, report("onepass", onepass_from(c), dtype, args.d, args.causal))
     return 0
 
 

@@ -4,9 +4,10 @@
     python -m cs336_systems.attention.configs write-table
 
 For each table key (dtype, padded head dim, causal, size class) at a representative shape, every
-candidate of each kernel (forward, dK/dV pass, dQ pass, then fused launches of the best pairs) is
-compiled (in parallel worker processes, which fill Triton's on-disk cache), checked against the
-heuristic configuration's output, and timed with do_bench (median). Rows go to
+candidate of each kernel (forward, dK/dV pass, dQ pass, one-pass backward, then fused launches of
+the best dK/dV and dQ pairs) is compiled (in parallel worker processes, which fill Triton's on-disk cache), checked against the
+heuristic configuration's output (the backward ones against the two-pass backward), and timed
+with do_bench (median). Rows go to
 results/attention/flash_tune/<device>.jsonl; `write-table` turns the latest run of each key into
 `tuned_configs.py`, the table the kernels use.
 """
@@ -63,6 +64,12 @@ def dq_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int
     if dtype == torch.float32:
         return [(64, 16, 4, 2), (64, 32, 4, 2), (32, 16, 4, 2), (32, 32, 4, 2), (128, 16, 8, 2), (64, 32, 8, 1)]
     return [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 2), (64, 16, 4, 3)]
+
+
+def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int, int]]:
+    """(block_m1, block_n1, warps, stages) of the one-pass backward: the dK/dV pass's tilings (its
+    program is that pass plus one matmul and the dQ atomics), not yet narrowed by any measurement."""
+    return dkdv_candidates(dtype, d, wide)
 # --8<-- [end:candidates]
 
 
@@ -70,6 +77,12 @@ def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False) -> BwdConfig:
     m1, n1, w1, s1 = dkdv
     m2, n2, w2, s2 = dq
     return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused)
+
+
+def onepass_from(c: tuple) -> BwdConfig:
+    """The *2 fields are unused by the one-pass kernel; they repeat the *1 fields."""
+    m, n, w, s = c
+    return BwdConfig(m, n, m, n, w, s, w, s, one_pass=True)
 
 
 # (key, Z, N, d, dtype, wide search). The leaderboard shape stands for bf16-d64-causal-large.
@@ -104,7 +117,7 @@ def _prepare(Z, N, d, dtype):
 
 
 def _runner(kind: str, config, state):
-    from .flash_launch import launch_bwd_fused, launch_dkdv, launch_dq, launch_fwd
+    from .flash_launch import launch_bwd_fused, launch_bwd_onepass, launch_dkdv, launch_dq, launch_fwd
 
     q, k, v, do, o, L, delta = state
     if kind == "fwd":
@@ -113,6 +126,8 @@ def _runner(kind: str, config, state):
         return lambda: launch_dkdv(q, k, v, do, L, delta, True, config)
     if kind == "dq":
         return lambda: launch_dq(q, k, v, do, L, delta, True, config)
+    if kind == "onepass":  # dQ, dK, dV (with the zeroing and the cast of the fp32 dQ buffer)
+        return lambda: launch_bwd_onepass(q, k, v, do, L, delta, True, config)
     return lambda: launch_bwd_fused(q, k, v, do, L, delta, True, config)
 
 
@@ -151,7 +166,10 @@ def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: i
     dtype = DTYPES[dt]
     state = _prepare(Z, N, d, dtype)
     base = heuristic_fwd(dtype, d) if kind == "fwd" else heuristic_bwd(dtype, d)
-    want = _runner(kind, base, state)()
+    if kind == "onepass":  # checked against the two-pass (dQ, dK, dV), not against itself
+        want = (_runner("dq", base, state)(), *_runner("dkdv", base, state)())
+    else:
+        want = _runner(kind, base, state)()
     tol = 1e-2 if dtype == torch.float32 else 3e-2
     results = []
     for config in configs:
@@ -185,7 +203,8 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
         plans.append((key, Z, N, d, dt, wide, {
             "fwd": fwd_candidates(dtype, d, wide),
             "dkdv": [bwd_from(c, (64, 32, 4, 2)) for c in dkdv_candidates(dtype, d, wide)],
-            "dq": [bwd_from((32, 64, 4, 2), c) for c in dq_candidates(dtype, d, wide)]}))
+            "dq": [bwd_from((32, 64, 4, 2), c) for c in dq_candidates(dtype, d, wide)],
+            "onepass": [onepass_from(c) for c in onepass_candidates(dtype, d, wide)]}))
     jobs = [(kind, c, Z, N, d, dt) for _, Z, N, d, dt, _, cands in plans for kind, cs in cands.items() for c in cs]
     started = time.perf_counter()
     errors = precompile(pool, jobs)
@@ -213,8 +232,8 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
 # -- from measurements to the table ---------------------------------------------------------------
 
 def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
-    """The table: per key, the fastest forward; for backward the faster of (best dK/dV + best dQ)
-    and the best fused launch. Only each key's latest tuning run counts."""
+    """The table: per key, the fastest forward; for backward the fastest of (best dK/dV + best dQ),
+    the best fused launch and the best one-pass backward. Only each key's latest tuning run counts."""
     latest: dict[str, str] = {}
     for r in rows:
         if r.get("status") == "ok":
@@ -232,9 +251,11 @@ def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
             table["fwd"][key] = best[(key, "fwd")][1]
         if (key, "dkdv") in best and (key, "dq") in best:
             (t1, c1), (t2, c2) = best[(key, "dkdv")], best[(key, "dq")]
-            bwd = {**c1, **{k: c2[k] for k in ("block_m2", "block_n2", "num_warps2", "num_stages2")}, "fused": False}
-            if (key, "fused") in best and best[(key, "fused")][0] < t1 + t2:
-                bwd = best[(key, "fused")][1]
+            t, bwd = t1 + t2, {**c1, **{k: c2[k] for k in ("block_m2", "block_n2", "num_warps2", "num_stages2")},
+                               "fused": False}
+            for kind in ("fused", "onepass"):
+                if (key, kind) in best and best[(key, kind)][0] < t:
+                    t, bwd = best[(key, kind)]
             table["bwd"][key] = bwd
     return table
 
