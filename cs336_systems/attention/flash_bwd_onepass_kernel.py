@@ -17,6 +17,10 @@ tiles straddling it and a ragged last query tile. When n_keys is not a multiple 
 (EVEN_N false, decided on the host), P^T is zeroed for the missing keys: their dS would otherwise
 reach dQ through a product with zero K rows, and exp2 of an unmasked score can overflow to inf.
 
+The loop and the tile ranges repeat `flash_bwd_kernel`'s dK/dV pass on purpose: the measured
+kernels' source stays untouched until this one has been timed. If it wins, fold both into one loop
+with a constexpr flag for the dQ atomics (and check that the compile report stays the same).
+
 Do not import this module directly: `triton_loader.kernels(__name__)` loads it for the current mode.
 """
 
