@@ -55,12 +55,14 @@ def dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, str
         else:
             L2 = tl.load(L_row + offs_m) * LOG2E
             Di = tl.load(D_row + offs_m)
-        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - L2[None, :])  # (BLOCK_N, BLOCK_M)
+        # dP^T does not need P: issued before the exp2s, it runs on the tensor cores while they do
+        sT = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
+        dpT = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
+        pT = tl.math.exp2(sT * qk_scale - L2[None, :])
         if MASKED:
             if CAUSAL:  # the -1e6 of masked scores makes their P exactly 0
                 pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         dv = tl.dot(pT.to(do.dtype), do, dv)
-        dpT = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
         dsT = pT * (dpT - Di[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk)
     return dk, dv
@@ -123,13 +125,14 @@ def dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride
         offs_n = start_n + offs_n0
         k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
         v = load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - L2[:, None])  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N)
+        dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N), issued before the exp2s as in the dK/dV pass
+        p = tl.math.exp2(s * qk_scale - L2[:, None])
         if MASKED:
             keep = offs_n[None, :] < n_keys
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
             p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N)
         ds = p * (dp - Di[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
