@@ -1,7 +1,7 @@
 """Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with
 `python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).
 
-Source: attention/flash_tune/nvidia-h200.jsonl (code at git a8e302062c11).
+Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, a8e302062c11, df107f57b502).
 """
 
 TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
@@ -66,7 +66,8 @@ TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
                                    'num_stages1': 3,
                                    'num_stages2': 3,
                                    'num_warps1': 4,
-                                   'num_warps2': 4},
+                                   'num_warps2': 4,
+                                   'one_pass': False},
          'bf16-d64-causal-medium': {'block_m1': 64,
                                     'block_m2': 128,
                                     'block_n1': 64,
@@ -154,7 +155,7 @@ TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
          'bf16-d16-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
          'bf16-d32-causal-large': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
          'bf16-d32-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
-         'bf16-d64-causal-large': {'block_m': 128, 'block_n': 64, 'num_stages': 4, 'num_warps': 8},
+         'bf16-d64-causal-large': {'block_m': 128, 'block_n': 64, 'num_stages': 3, 'num_warps': 8},
          'bf16-d64-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
          'fp32-d128-causal-large': {'block_m': 128, 'block_n': 32, 'num_stages': 2, 'num_warps': 8},
          'fp32-d128-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 2, 'num_warps': 4},
