@@ -153,3 +153,104 @@ def test_every_sweep_runs_on_cpu_and_writes_its_rows(tmp_path, module, argv, fil
     for bench in files:
         stored = rows(tmp_path / bench / "cpu.jsonl")
         assert stored and all(r["status"] == "ok" for r in stored)
+
+
+def test_kernel_sweep_takes_explicit_cells_and_redoes_only_rows_of_an_older_attribution(tmp_path):
+    from cs336_systems.profiling import kernel_sweep
+
+    argv = ["--cells", "tiny:16", "--warmup", "1", "--device", "cpu", "--results-dir", str(tmp_path)]
+    cells = tmp_path / "profiling" / "kernel_cells" / "cpu.jsonl"
+    kernels = tmp_path / "profiling" / "kernels" / "cpu.jsonl"
+    assert kernel_sweep.main(argv) == 0
+    [row] = rows(cells)
+    assert row["attribution"] == kernel_sweep.CPU_ATTRIBUTION and row["cell_run"]
+    assert {r["cell_run"] for r in rows(kernels)} == {row["cell_run"]}
+    assert kernel_sweep.main([*argv, "--redo-stale"]) == 0 and len(rows(cells)) == 1  # current: kept
+    old = {k: v for k, v in row.items() if k not in ("attribution", "cell_run")}
+    cells.write_text(json.dumps(old) + "\n")  # a row of the first attribution
+    assert kernel_sweep.main(argv) == 0 and len(rows(cells)) == 1  # without the flag: skipped
+    assert kernel_sweep.main([*argv, "--redo-stale"]) == 0
+    assert [r.get("attribution") for r in rows(cells)] == [None, kernel_sweep.CPU_ATTRIBUTION]
+
+
+@pytest.mark.parametrize("bad", ["tiny", "tiny:x", "tiny:16,small"])
+def test_kernel_sweep_rejects_malformed_cells(tmp_path, capsys, bad):
+    from cs336_systems.profiling import kernel_sweep
+
+    with pytest.raises(SystemExit) as exc:
+        kernel_sweep.main(["--cells", bad, "--device", "cpu", "--results-dir", str(tmp_path)])
+    assert exc.value.code == 2 and "--cells" in capsys.readouterr().err
+
+
+def test_attention_oom_checks_run_each_cell_in_a_fresh_process_on_cpu(tmp_path):
+    from cs336_systems.profiling import attention_oom
+
+    argv = ["--seqs", "16", "--d", "4", "--batch", "2", "--iterations", "2", "--device", "cpu",
+            "--results-dir", str(tmp_path)]
+    assert attention_oom.main(argv) == 0
+    stored = rows(tmp_path / "attention" / "oom_checks" / "cpu.jsonl")
+    assert [(r["seq"], r["alloc_conf"], r["status"]) for r in stored] == [
+        (16, "default", "ok"), (16, "max_split_size_mb:1024", "ok")]
+    assert all(r["ran"] and len(r["iterations"]) == 2 for r in stored)
+    assert attention_oom.main(argv) == 0 and len(rows(tmp_path / "attention" / "oom_checks" / "cpu.jsonl")) == 2
+
+
+def test_the_allocator_oom_message_is_parsed_into_mib():
+    from cs336_systems.profiling.attention_oom import parse_oom_message
+
+    message = ("CUDA out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
+               "of which 7.50 GiB is free. Including non-PyTorch memory, this process has 132.30 GiB memory "
+               "in use. Of the allocated memory 128.06 GiB is allocated by PyTorch, and 512.00 MiB is "
+               "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try ...")
+    got = parse_oom_message(message)
+    assert got == {"tried_mib": 32 * 1024.0, "capacity_mib": pytest.approx(139.81 * 1024),
+                   "free_mib": 7.5 * 1024, "process_in_use_mib": pytest.approx(132.3 * 1024),
+                   "allocated_by_pytorch_mib": pytest.approx(128.06 * 1024), "reserved_unallocated_mib": 512.0}
+    assert parse_oom_message("CUDA out of memory")["tried_mib"] is None
+
+
+def fake_nvidia_smi(tmp_path, monkeypatch, line="1755, 1980, 412.37, 51"):
+    """An nvidia-smi on PATH that answers every query with one CSV line."""
+    import os
+
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\necho '{line}'\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_clock_sampler_reads_nvidia_smi_before_during_and_after(tmp_path, monkeypatch):
+    import time
+
+    from cs336_systems.profiling.clocks import ClockSampler, query_gpu
+
+    fake_nvidia_smi(tmp_path, monkeypatch)
+    assert query_gpu() == {"sm_mhz": 1755.0, "max_sm_mhz": 1980.0, "power_w": 412.37, "temperature_c": 51.0}
+    with ClockSampler(period_s=0.02) as sampler:
+        time.sleep(0.3)
+    rec = sampler.record()
+    assert rec["clocks_before"]["sm_mhz"] == rec["clocks_after"]["sm_mhz"] == 1755.0
+    assert len(rec["clock_samples"]) >= 2 and rec["clock_samples"][0][1:] == [1755.0, 1980.0, 412.37, 51.0]
+    assert rec["sm_mhz_min"] == rec["sm_mhz_max"] == 1755.0
+
+
+def test_clock_sampler_without_nvidia_smi_records_nothing(monkeypatch, tmp_path):
+    from cs336_systems.profiling.clocks import ClockSampler
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here
+    with ClockSampler(period_s=0.01) as sampler:
+        pass
+    assert sampler.record()["clocks_before"] is None and sampler.record()["clock_samples"] == []
+
+
+def test_record_clocks_remeasures_timing_cells_stored_without_clocks(tmp_path, monkeypatch):
+    fake_nvidia_smi(tmp_path, monkeypatch)
+    argv = ["--part", "timings", "--sizes", "tiny", "--context", "16", "--warmup", "1", "--steps", "2",
+            "--modes", "forward", "--dtypes", "fp32", "--device", "cpu", "--results-dir", str(tmp_path)]
+    path = tmp_path / "end-to-end" / "timings" / "cpu.jsonl"
+    assert sweeps.main(argv) == 0 and "clock_samples" not in rows(path)[0]
+    assert sweeps.main([*argv, "--record-clocks"]) == 0
+    assert [("clock_samples" in r) for r in rows(path)] == [False, True]
+    assert rows(path)[1]["clocks_before"]["sm_mhz"] == 1755.0
+    assert sweeps.main([*argv, "--record-clocks"]) == 0 and len(rows(path)) == 2  # resumes: nothing left

@@ -12,53 +12,150 @@ from torch.autograd import DeviceType
 
 from cs336_systems.attention.pytorch_sweep import attention_memory, largest_seq_that_fits
 from cs336_systems.model import get_config
-from cs336_systems.profiling import memory, mixed_precision, torch_profile
+from cs336_systems.profiling import kernel_attribution, memory, mixed_precision, torch_profile
 from cs336_systems.profiling.steps import build_model
 
 # ---- kernel attribution ------------------------------------------------------------------------
 
-Kernel = collections.namedtuple("Kernel", "name device duration")
+class RawEvent:
+    """A stand-in for torch's raw profiler event (torch._C._autograd._KinetoEvent): the methods
+    torch's own parser and from_kineto call. Times in us here, ns on the wire."""
+
+    def __init__(self, name, start, end, corr, linked=0, *, device=False, thread=1, stream=None,
+                 user=False):
+        self._v = {"name": name, "start_ns": int(start * 1000), "end_ns": int(end * 1000),
+                   "correlation_id": corr, "linked_correlation_id": linked,
+                   "device_type": DeviceType.CUDA if device else DeviceType.CPU,
+                   "device_index": 0, "device_resource_id": stream if stream is not None else (7 if device else thread),
+                   "start_thread_id": thread, "end_thread_id": thread, "fwd_thread_id": thread,
+                   "is_user_annotation": user, "duration_ns": int((end - start) * 1000)}
+
+    def __getattr__(self, attr):
+        if attr.startswith("__") or attr == "_v":
+            raise AttributeError(attr)
+        if attr in self._v:
+            return lambda: self._v[attr]
+        defaults = {"is_async": False, "is_hidden_event": False, "is_python_function": False,
+                    "cuda_elapsed_us": 0, "privateuse1_elapsed_us": 0, "sequence_nr": -1, "scope": 0,
+                    "flops": 0, "overload_name": "", "metadata_json": "", "activity_type": "", "kwinputs": {},
+                    "stack": [], "shapes": [], "dtypes": [], "concrete_inputs": [],
+                    "structured_input_shapes": [], "structured_input_strides": []}
+        return lambda: defaults.get(attr, 0 if attr.endswith("_id") else None)
 
 
-class Ev:
-    """The few FunctionEvent fields attribute_kernels reads."""
+def duplicating_trace() -> list[RawEvent]:
+    """One step whose raw events hold each duplication pattern that makes torch's per-op kernel lists
+    count a kernel twice, and one that must not (a kernel below two nested ops):
 
-    def __init__(self, name, start, end, device_type=DeviceType.CPU, kernels=(), self_cpu=0.0):
-        self.name, self.device_type, self.kernels = name, device_type, list(kernels)
-        self.time_range = type("R", (), {"start": start, "end": end})()
-        self.self_cpu_time_total = self_cpu
-
-
-def test_gpu_kernels_are_attributed_by_launch_time_to_phase_and_attention_region():
-    events = [
-        Ev("forward", 0, 100), Ev("attn_scores", 10, 20), Ev("attn_softmax", 20, 30),
-        Ev("backward", 100, 200), Ev("optimizer", 200, 300),
-        Ev("aten::mm", 5, 6, kernels=[Kernel("sm90_xmma_gemm_f32", 0, 40.0)]),
-        Ev("aten::bmm", 11, 12, kernels=[Kernel("sm90_xmma_gemm_f32", 0, 8.0)]),
-        Ev("aten::_softmax", 21, 22, kernels=[Kernel("softmax_warp_forward", 0, 12.0)]),
-        # a backward op from autograd's own thread: no parent link, but launched inside `backward`
-        Ev("aten::mm", 150, 151, kernels=[Kernel("sm90_xmma_gemm_f32", 0, 90.0),
-                                         Kernel("cublasLt::splitKreduce_kernel", 0, 10.0)]),
-        Ev("aten::add_", 250, 251, kernels=[Kernel("vectorized_elementwise_kernel", 0, 30.0)]),
-        # device events (the kernels themselves, plus a GPU-side copy of a range) for the total
-        Ev("sm90_xmma_gemm_f32", 0, 138, DeviceType.CUDA), Ev("softmax_warp_forward", 0, 12, DeviceType.CUDA),
-        Ev("cublasLt::splitKreduce_kernel", 0, 10, DeviceType.CUDA),
-        Ev("vectorized_elementwise_kernel", 0, 30, DeviceType.CUDA), Ev("forward", 0, 500, DeviceType.CUDA),
+    - the forward's aten::mm (op id 5) is listed twice: its gemm is appended to both copies;
+    - an op-less runtime call in the forward has CUPTI correlation id 7, equal to the backward op's
+      id: torch appends the backward's gemm to it;
+    - the optimizer's kernel is listed twice among the device events.
+    Unique kernel time: forward 80 + 400 us (of a 1000 us range), backward 500, optimizer 300.
+    """
+    R = RawEvent
+    return [
+        R("forward", 0, 1000, 1, user=True), R("attn_scores", 100, 200, 2, user=True),
+        R("aten::matmul", 110, 190, 3), R("aten::bmm", 120, 180, 4),
+        R("cudaLaunchKernel", 130, 140, 9001, 4),
+        R("aten::mm", 300, 400, 5), R("aten::mm", 300, 400, 5),  # the same op, listed twice
+        R("cudaLaunchKernel", 310, 320, 9002, 5),
+        R("cudaDeviceSynchronize", 950, 999, 7),  # op-less runtime call; its CUPTI id is 7
+        R("backward", 1000, 2000, 6, user=True),
+        R("aten::mm", 1100, 1300, 7, thread=2), R("cudaLaunchKernel", 1110, 1120, 9003, 7, thread=2),
+        R("optimizer", 2000, 3000, 8, user=True), R("Optimizer.step#AdamW.step", 2010, 2990, 9, user=True),
+        R("aten::add_", 2100, 2200, 10), R("cudaLaunchKernel", 2110, 2120, 9004, 10),
+        R("sm90_xmma_gemm_f32_tn", 400, 480, 9001, 4, device=True),
+        R("sm90_xmma_gemm_f32_tn", 500, 900, 9002, 5, device=True),
+        R("sm90_xmma_gemm_f32_nt", 1400, 1900, 9003, 7, device=True),
+        R("vectorized_elementwise_kernel", 2300, 2600, 9004, 10, device=True),
+        R("vectorized_elementwise_kernel", 2300, 2600, 9004, 10, device=True),  # listed twice
+        R("Optimizer.step#AdamW.step", 2300, 2600, 9, device=True, user=True),  # GPU copy of a range
     ]
-    rows, totals = torch_profile.attribute_kernels(events)
+
+
+def torch_function_events(raw: list[RawEvent]):
+    """torch's own parser (the one behind prof.events()) run on the raw events."""
+    parse = getattr(torch.autograd.profiler.profile, "_parse_kineto_results", None)
+    if parse is None:
+        pytest.skip("this torch has no profile._parse_kineto_results")
+
+    class Result:
+        def events(self):
+            return raw
+
+        def trace_start_ns(self):
+            return 0
+
+    return parse(type("Prof", (), {"use_device": "cuda"})(), Result())
+
+
+class FakeProfile:
+    """What torch_profile.profiled_totals reads of a finished torch.profiler.profile."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.profiler = type("P", (), {"kineto_results": type("K", (), {"events": lambda _: raw})()})()
+
+    def events(self):
+        return torch_function_events(self.raw)
+
+
+def test_torchs_per_op_kernel_lists_count_the_duplicated_kernels_twice():
+    """The failure our first version had: summing FunctionEvent.kernels by launch phase."""
+    appended = torch_profile.appended_kernel_ms(torch_function_events(duplicating_trace()))
+    assert appended["forward"] == pytest.approx((80 + 2 * 400 + 500) / 1e3)  # > the 1 ms range
+    assert appended["optimizer"] == pytest.approx(2 * 300 / 1e3)
+
+
+def test_each_kernel_is_counted_once_in_the_phase_and_region_of_its_launch():
+    rows, totals = torch_profile.profiled_totals(FakeProfile(duplicating_trace()), torch.device("cuda"))
     got = {(r["phase"], r["region"], r["kernel"]): (r["calls"], r["total_ms"]) for r in rows}
-    assert got[("forward", "", "sm90_xmma_gemm_f32")] == (1, 0.040)
-    assert got[("forward", "attn_scores", "sm90_xmma_gemm_f32")] == (1, 0.008)
-    assert got[("forward", "attn_softmax", "softmax_warp_forward")] == (1, 0.012)
-    assert got[("backward", "", "sm90_xmma_gemm_f32")] == (1, 0.090)
-    assert got[("optimizer", "", "vectorized_elementwise_kernel")] == (1, 0.030)
-    assert totals["forward"]["kernel_ms"] == pytest.approx(0.060)
-    assert totals["forward"]["matmul_ms"] == pytest.approx(0.048)
-    assert totals["backward"]["matmul_ms"] == pytest.approx(0.100)  # splitK reduce is part of a GEMM
-    assert totals["forward"]["wall_ms"] == pytest.approx(0.100)
-    assert totals["(all device events)"]["kernel_ms"] == pytest.approx(0.190)  # the range copy left out
-    shares = [r["share"] for r in rows if r["phase"] == "forward"]
-    assert sum(shares) == pytest.approx(1.0)
+    assert got == {("forward", "attn_scores", "sm90_xmma_gemm_f32_tn"): (1, pytest.approx(0.080)),
+                   ("forward", "", "sm90_xmma_gemm_f32_tn"): (1, pytest.approx(0.400)),
+                   ("backward", "", "sm90_xmma_gemm_f32_nt"): (1, pytest.approx(0.500)),
+                   ("optimizer", "", "vectorized_elementwise_kernel"): (1, pytest.approx(0.300))}
+    for phase, ms, wall in (("forward", 0.480, 1.0), ("backward", 0.500, 1.0), ("optimizer", 0.300, 1.0)):
+        assert totals[phase]["kernel_ms"] == pytest.approx(ms)
+        assert totals[phase]["wall_ms"] == pytest.approx(wall)
+        assert totals[phase]["kernel_ms"] <= totals[phase]["wall_ms"]
+    assert totals["forward"]["matmul_ms"] == pytest.approx(0.480)
+    assert totals["forward"]["appended_ms"] == pytest.approx(1.380)  # the old sum, kept as evidence
+    check = totals["(check)"]
+    assert check["unique_kernel_ms"] == pytest.approx(1.280) == check["attributed_ms"]
+    assert (check["repeated_device_events"], check["copied_host_events"], check["colliding_host_ids"]) == (1, 1, 1)
+    assert check["launch_by_runtime_call"] == 4 and check["stream_overlap_ms"] == 0
+    assert totals["(all device events)"]["kernel_ms"] == pytest.approx(1.280)  # the range copy left out
+
+
+def test_kernels_without_a_runtime_record_fall_back_to_their_op_then_to_gpu_time():
+    T = kernel_attribution.TraceEvent
+    events = [T("forward", False, 0, 100, 1, annotation=True), T("backward", False, 100, 200, 2, annotation=True),
+              T("aten::mm", False, 10, 20, 3),
+              T("gemm_a", True, 30, 40, 501, 3),  # no runtime call recorded: the op's start places it
+              T("gemm_b", True, 150, 170, 502, 0)]  # linked to nothing: its GPU start places it
+    rows, totals = kernel_attribution.attribute_kernels(events)
+    assert {r["phase"]: r["kernel"] for r in rows} == {"forward": "gemm_a", "backward": "gemm_b"}
+    assert (totals["(check)"]["launch_by_op"], totals["(check)"]["placed_by_gpu_time"]) == (1, 1)
+
+
+def test_stream_overlap_flags_work_listed_twice_under_two_ids():
+    T = kernel_attribution.TraceEvent
+    ks = [T("k", True, 0, 10, 1), T("k", True, 5, 12, 2), T("k", True, 12, 20, 3), T("k", True, 0, 10, 4, stream=1)]
+    assert kernel_attribution.stream_overlap_us(ks) == pytest.approx(5.0)
+
+
+def test_from_kineto_reads_a_real_cpu_profile():
+    x = torch.randn(8, 8, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("forward"):
+            y = (x @ x).sum()
+    events = kernel_attribution.from_kineto(prof.profiler.kineto_results.events())
+    fwd = [e for e in events if e.name == "forward"]
+    assert len(fwd) == 1 and fwd[0].annotation and not fwd[0].on_device and fwd[0].end_us > fwd[0].start_us
+    mm = [e for e in events if e.name == "aten::mm"]
+    assert mm and fwd[0].start_us <= mm[0].start_us <= mm[0].end_us <= fwd[0].end_us
+    assert y.item() == y.item()
 
 
 def test_profile_step_on_cpu_gives_every_phase_and_the_attention_regions(tmp_path):
@@ -203,3 +300,98 @@ def test_largest_seq_that_fits_is_monotone_in_capacity():
     small, big = largest_seq_that_fits(8, 64, 40 * 2**30), largest_seq_that_fits(8, 64, 160 * 2**30)
     assert small < big
     assert attention_memory(8, small, 64)["backward_peak"] <= 40 * 2**30
+
+
+# ---- the attention chapter's OOM checks, before and after they are measured ---------------------
+
+def _oom_rows(root, split_32k_runs: bool):
+    from cs336_systems.attention.pytorch_sweep import attention_memory
+    from cs336_systems.bench.store import ResultStore
+    from cs336_systems.profiling.attention_oom import KEY
+
+    store = ResultStore("attention/oom_checks", KEY, device="nvidia-h200", root=root)
+    mat = {s: attention_memory(8, s, 64)["one_score_matrix"] / 2**20 for s in (16384, 32768)}
+
+    def peaks(seq, alloc, reserved):
+        return {"peak_allocated_mib": alloc * mat[seq], "peak_reserved_mib": reserved * mat[seq]}
+
+    cell = {"batch": 8, "d": 64}
+    store.append({**cell, "seq": 16384, "alloc_conf": "default"}, {"ran": True, **peaks(16384, 4.0, 5.0)})
+    store.append({**cell, "seq": 16384, "alloc_conf": "max_split_size_mb:1024"}, {"ran": True, **peaks(16384, 4.0, 4.0)})
+    oom = {"ran": False, "oom_iteration": 0, "at_oom": peaks(32768, 3.0, 4.0), "tried_mib": 32768.0,
+           "free_mib": 7680.0, "reserved_unallocated_mib": 30000.0}
+    store.append({**cell, "seq": 32768, "alloc_conf": "default"}, oom, status="oom")
+    split = {"ran": True, **peaks(32768, 4.0, 4.0)} if split_32k_runs else oom
+    store.append({**cell, "seq": 32768, "alloc_conf": "max_split_size_mb:1024"}, split,
+                 status="ok" if split_32k_runs else "oom")
+
+
+def test_oom_note_says_not_measured_until_the_checks_have_rows(tmp_path, monkeypatch):
+    from cs336_systems import report
+    from cs336_systems.profiling import oom_note
+
+    monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
+    assert oom_note.oom_check_rows() is None
+    assert "neither is measured yet" in oom_note.oom_checks_note()
+
+
+@pytest.mark.parametrize("split_runs, verdict", [(True, "agree with the hypothesis"),
+                                                 (False, "does not explain the OOM")])
+def test_oom_note_reports_each_check_and_its_verdict(tmp_path, monkeypatch, split_runs, verdict):
+    from cs336_systems import report
+    from cs336_systems.profiling import oom_note
+
+    monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
+    _oom_rows(tmp_path, split_runs)
+    note = oom_note.oom_checks_note()
+    assert "not measured" not in note and verdict in note
+    assert "seq 16,384 with the default allocator: **ran**; peak allocated 4.00 score matrices, peak reserved 5.00" in note
+    assert "seq 32,768 with the default allocator: **out of memory** in iteration 1" in note
+    assert "tried to allocate 32.0 GiB" in note
+
+
+# ---- the profiling chapter's note on the double count, before and after the re-run ---------------
+
+def test_attribution_note_follows_the_rows_from_marked_cells_to_rechecked_ones(tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from cs336_systems import report
+    from cs336_systems.profiling import tables
+    from cs336_systems.profiling.attribution_note import attribution_note
+    from cs336_systems.profiling.kernel_attribution import ATTRIBUTION
+
+    src = report.RESULTS_ROOT / "profiling"
+    shutil.copytree(src, tmp_path / "profiling")
+    monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
+    before = attribution_note()
+    assert "Cells marked †" in before and "No cell has been profiled with the fix yet" in before
+    marked = [(r["size"], r.context) for _, r in tables.kernel_cells().iterrows() if tables.overcounted(r)]
+    assert marked  # the committed first-attribution rows hold the three overcounted cells
+    cells = tmp_path / "profiling" / "kernel_cells" / "nvidia-h200.jsonl"
+    kernels = tmp_path / "profiling" / "kernels" / "nvidia-h200.jsonl"
+    old = tables.kernel_cells()
+    with cells.open("a") as fc, kernels.open("a") as fk:
+        for size, ctx in marked:  # a re-run of each marked cell with the fixed attribution
+            r = old[(old["size"] == size) & (old["context"] == ctx)].iloc[-1].to_dict()
+            run = f"run-{size}-{ctx}"
+            for p in ("fwd", "bwd", "opt"):
+                r[f"{p}_kernel_ms"] = 0.95 * r[f"{p}_range_ms"]
+                r[f"{p}_appended_ms"] = 1.05 * r[f"{p}_kernel_ms"]
+            r.update(attribution=ATTRIBUTION, cell_run=run, check_ok=True, copied_host_events=3,
+                     colliding_host_ids=0, repeated_device_events=0, stream_overlap_ms=0.0,
+                     launch_by_op=0, placed_by_gpu_time=0, time_utc="2099-01-01T00:00:00Z")
+            fc.write(json.dumps(r) + "\n")
+            for phase in ("forward", "backward", "optimizer"):
+                fk.write(json.dumps({"schema": r["schema"], "bench": "profiling/kernels", "size": size,
+                                     "context": ctx, "mode": "train", "dtype": "fp32", "phase": phase,
+                                     "region": "", "kernel": "sm90_xmma_gemm", "matmul": True, "calls": 1,
+                                     "total_ms": 1.0, "share": 1.0, "status": "ok", "cell_run": run,
+                                     "time_utc": "2099-01-01T00:00:00Z"}) + "\n")
+    after = attribution_note()
+    assert "Cells marked †" not in after and "†" not in tables.phase_table()
+    assert f"Profiled again with the fix** ({len(marked)} of" in after and "every self-check passed" in after
+    assert "came from ops listed twice" in after and "+5.0% in the forward" in after
+    k = tables.kernel_rows()
+    size, ctx = marked[0]
+    assert set(k[(k["size"] == size) & (k["context"] == ctx)]["kernel"]) == {"sm90_xmma_gemm"}  # no old rows mixed in

@@ -26,6 +26,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "accumulation": Benchmark("cs336_systems.profiling.mixed_precision", "the four accumulation loops and the autocast dtype table", gpu=False),
     # Attention (docs/attention.md, docs/flash-attention.md)
     "attention": Benchmark("cs336_systems.attention.pytorch_sweep", "naive attention sweep, eager vs torch.compile"),
+    "attention-oom": Benchmark("cs336_systems.profiling.attention_oom",
+                               "the allocator checks of the seq 32768 OOM (reserved peak, max_split_size_mb)"),
     "flash-leaderboard": Benchmark("cs336_systems.attention.leaderboard", "leaderboard case: ours vs cuDNN/flash/flex/naive"),
     "flash-sweep": Benchmark("cs336_systems.attention.flash_sweep", "flash_benchmarking grid, ours vs PyTorch"),
     # Distributed (docs/collectives.md, ddp.md, sharding.md)

@@ -95,6 +95,16 @@ class ResultStore:
     def has(self, config: Mapping[str, Any]) -> bool:
         return self._key_of(config) in self._done
 
+    def newest(self, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The last finished row stored for this cell, or None."""
+        key = self._key_of(config)
+        done = [r for r in self.rows() if r.get("status") in DONE_STATUSES and self._key_of(r) == key]
+        return done[-1] if done else None
+
+    def forget(self, config: Mapping[str, Any]) -> None:
+        """Let run_sweep measure this cell again. Its stored rows stay; readers keep the newest."""
+        self._done.discard(self._key_of(config))
+
     def append(self, config: Mapping[str, Any], metrics: Mapping[str, Any] | None = None, *,
                status: str = "ok", error: str | None = None) -> dict[str, Any]:
         """Write one row and flush it to disk before returning."""

@@ -3,13 +3,16 @@
 Every size x context {128, 256, 512, 1024}: a full train step (forward, backward, optimizer),
 2 warm-up steps, one step timed phase by phase with the Python timer, one profiled step.
 Writes one summary row per cell to results/profiling/kernel_cells/ (OOM cells as OOM) and the
-per-phase kernel table to results/profiling/kernels/.
+per-phase kernel table to results/profiling/kernels/. Both carry the cell's `cell_run` id, so a
+reader can take the kernel rows of the newest run of a cell only. `--redo-stale` measures again the
+cells whose newest row was counted by an older attribution (kernel_attribution.ATTRIBUTION).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import uuid
 
 import torch
 
@@ -17,12 +20,14 @@ from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS
 
 from .budget import ModelCache, add_common, check_device, csv_list, open_store, run_budgeted
+from .kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from .nvtx import ATTENTION_REGIONS, PHASES
 from .torch_profile import profile_step
 
 CELL_KEY = ["size", "context", "mode", "dtype"]
 KERNEL_KEY = [*CELL_KEY, "phase", "region", "kernel"]
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+CPU_ATTRIBUTION = "cpu-self-time"  # CPU runs: each op's self CPU time stands in for kernels
 
 
 def summarize(rows: list[dict], totals: dict[str, dict]) -> dict:
@@ -35,6 +40,7 @@ def summarize(rows: list[dict], totals: dict[str, dict]) -> dict:
         out[f"{s}_range_ms"] = t.get("wall_ms")
         out[f"{s}_python_ms"] = t.get("python_ms")
         out[f"{s}_launches"] = t.get("kernels")
+        out[f"{s}_appended_ms"] = t.get("appended_ms")  # GPU: what summing torch's per-op lists gives
         out[f"{s}_matmul_share"] = (t["matmul_ms"] / t["kernel_ms"]) if t.get("kernel_ms") else None
         ranked = sorted((r for r in rows if r["phase"] == phase and r["kernel"] != "(other kernels)"),
                         key=lambda r: -r["total_ms"])
@@ -50,6 +56,26 @@ def summarize(rows: list[dict], totals: dict[str, dict]) -> dict:
         out[f"{region}_ms"] = sum(r["total_ms"] for r in rows if r["phase"] == "forward" and r["region"] == region)
     out["device_events_ms"] = totals.get("(all device events)", {}).get("kernel_ms")
     out["outside_phases_ms"] = totals.get("(outside phases)", {}).get("kernel_ms")
+    check = totals.get("(check)")
+    out["attribution"] = CPU_ATTRIBUTION
+    if check is not None:  # GPU: the self-check of the attribution (CPU runs have no kernels)
+        out.update(check)
+        out["attribution"] = ATTRIBUTION
+        out["check_ok"] = bool(check["repeated_device_events"] == 0 and check["stream_overlap_ms"] < 1e-3
+                               and all(out[f"{s}_kernel_ms"] is None or out[f"{s}_range_ms"] is None
+                                       or out[f"{s}_kernel_ms"] <= out[f"{s}_range_ms"] * (1 + RANGE_TOLERANCE)
+                                       for s in SHORT.values()))
+    return out
+
+
+def parse_cells(text: str) -> list[tuple[str, int]]:
+    """'xl:1024,2.7B:256' -> [('xl', 1024), ('2.7B', 256)]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        size, sep, ctx = item.partition(":")
+        if not sep or not ctx.isdigit():
+            raise argparse.ArgumentTypeError(f"cells are SIZE:CONTEXT, comma-separated; got {item!r}")
+        out.append((size, int(ctx)))
     return out
 
 
@@ -59,32 +85,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", type=csv_list(int), default=[128, 256, 512, 1024])
     p.add_argument("--mode", default="train")
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--cells", type=parse_cells, default=None,
+                   help="SIZE:CONTEXT,... in this order, instead of --sizes x --contexts")
+    p.add_argument("--redo-stale", action="store_true",
+                   help="measure again cells whose newest row predates the current attribution")
     p.add_argument("--warmup", type=int, default=2)
     add_common(p)
     args = p.parse_args(argv)
     check_device(p, args)
-    for s in args.sizes:
+    pairs = args.cells if args.cells is not None else [(s, c) for s in args.sizes for c in args.contexts]
+    for s in {s for s, _ in pairs}:
         try:
             get_config(s)
         except ValueError as exc:
             p.error(str(exc))
     cells_store = open_store(p, "profiling/kernel_cells", CELL_KEY, args)
     kernel_store = open_store(p, "profiling/kernels", KERNEL_KEY, args)
-    cells = [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4}
-             for s in args.sizes for c in args.contexts]
+    cells = [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4} for s, c in pairs]
+    if args.redo_stale:
+        for cell in cells:
+            row = cells_store.newest(cell)
+            current = (ATTRIBUTION, CPU_ATTRIBUTION)
+            if row is not None and row.get("status") == "ok" and row.get("attribution") not in current:
+                cells_store.forget(cell)
     models = ModelCache(args.device)
-    max_ctx = max(args.contexts)
+    max_ctx = {s: max(c for s2, c in pairs if s2 == s) for s, _ in pairs}
 
     def run(cell):
-        model = models.get(cell["size"], max_ctx)  # one model per size; shorter batches use its prefix
-        rows, totals = profile_step(model, get_config(cell["size"], max_ctx), mode=cell["mode"],
+        model = models.get(cell["size"], max_ctx[cell["size"]])  # one model per size; shorter batches use its prefix
+        rows, totals = profile_step(model, get_config(cell["size"], max_ctx[cell["size"]]), mode=cell["mode"],
                                     dtype=cell["dtype"], batch=cell["batch"], context=cell["context"],
                                     device=args.device, warmup=args.warmup)
         key = {k: cell[k] for k in CELL_KEY}
-        for r in rows:  # rows of a killed cell may be written twice; readers keep the last per key
-            kernel_store.append({**key, **r})
+        run_id = uuid.uuid4().hex[:12]
+        for r in rows:  # rows of a killed cell stay behind; readers keep the newest cell_run's
+            kernel_store.append({**key, **r, "cell_run": run_id})
         model.zero_grad(set_to_none=True)
-        return summarize(rows, totals)
+        return {**summarize(rows, totals), "cell_run": run_id}
 
     done = run_budgeted(cells_store, cells, run, budget_s=args.budget_s, desc="kernel tables")
     return 0 if done else 3

@@ -6,11 +6,16 @@ torch_compile (b)): `just bench end-to-end [--part timings|warmup|compile]`.
 - warmup: a fresh process per (size, mode) times every step from the very first, so tables can
   show what 0, 1 or 2 warm-up steps leave in the measured mean -> results/end-to-end/warmup/
 - compile: the whole model eager vs torch.compile, forward and train -> results/end-to-end/compile/
+
+`--record-clocks` (timings) samples the GPU's SM clock, power and temperature with nvidia-smi while
+each cell runs and stores them in its row; cells whose newest row has no such record are measured
+again, so the suspect bf16 rows can be re-measured with the clocks beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -25,6 +30,7 @@ from cs336_systems.model.config import PRESETS
 
 from .benchmark import measure
 from .budget import ModelCache, add_common, check_device, csv_list, open_store, run_budgeted
+from .clocks import ClockSampler
 from .steps import build_model, make_optimizer, make_step, random_batch
 
 SIZES = list(PRESETS)
@@ -36,13 +42,21 @@ def timings(p, args) -> bool:
     cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d,
               "warmup": args.warmup, "steps": args.steps, "compile": False}
              for s in args.sizes for d in args.dtypes for m in args.modes]
+    if args.record_clocks:  # measure again the cells measured without a clock record
+        for cell in cells:
+            row = store.newest(cell)
+            if row is not None and row.get("status") == "ok" and "clock_samples" not in row:
+                store.forget(cell)
     models = ModelCache(args.device)
 
     def run(cell):
         model = models.get(cell["size"], cell["context"])
-        return measure(model, get_config(cell["size"], cell["context"]), mode=cell["mode"],
-                       dtype=cell["dtype"], batch=cell["batch"], context=cell["context"],
-                       warmup=cell["warmup"], steps=cell["steps"], device=args.device)
+        sampler = ClockSampler() if args.record_clocks else None
+        with sampler or contextlib.nullcontext():
+            out = measure(model, get_config(cell["size"], cell["context"]), mode=cell["mode"],
+                          dtype=cell["dtype"], batch=cell["batch"], context=cell["context"],
+                          warmup=cell["warmup"], steps=cell["steps"], device=args.device)
+        return {**out, **(sampler.record() if sampler else {})}
 
     return run_budgeted(store, cells, run, budget_s=args.budget_s, desc="end-to-end timings")
 
@@ -138,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--record-clocks", action="store_true",
+                   help="timings: sample GPU clocks/power/temperature per cell (nvidia-smi); re-measure "
+                        "cells stored without them")
     p.add_argument("--child", help=argparse.SUPPRESS)
     add_common(p)
     args = p.parse_args(argv)

@@ -15,6 +15,7 @@ from cs336_systems.model import count_parameters, get_config
 from cs336_systems.model.config import PRESETS
 from cs336_systems.report import load_results, markdown_table, provenance_line
 
+from .kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from .nvtx import attention_flops
 from .sweeps import warmup_stats
 from .torch_profile import is_matmul, short_name
@@ -172,13 +173,37 @@ def kernel_cells() -> pd.DataFrame:
     return _by_size(_latest(_ok("profiling/kernel_cells"), ["size", "context"]).sort_values("context"))
 
 
-def overcounted(r) -> list[str]:
+def overcounted(r, rel_tol: float = RANGE_TOLERANCE) -> list[str]:
     """Phases of one profiler cell whose attributed kernel time exceeds the phase's wall time.
 
     On one CUDA stream kernels run one after another, so their summed time cannot exceed the
     (synchronised) range that launched them: a ratio above 1 means some kernels were counted twice.
+    Cells profiled before the attribution counted each device kernel once can show it.
     """
-    return [p for p in ("fwd", "bwd", "opt") if r[f"{p}_kernel_ms"] > r[f"{p}_range_ms"]]
+    return [p for p in ("fwd", "bwd", "opt") if r[f"{p}_kernel_ms"] > r[f"{p}_range_ms"] * (1 + rel_tol)]
+
+
+def counted_once(r) -> bool:
+    """Was this cell profiled with the attribution that counts each device kernel once?"""
+    return r.get("attribution") == ATTRIBUTION
+
+
+def kernel_rows() -> pd.DataFrame:
+    """The kernel rows of the newest profiler run of each cell. Cells whose row names its
+    `cell_run` get that run's kernel rows only, so a re-measured cell mixes in no kernel of an
+    earlier run; older cells (no run id) keep the newest row per kernel."""
+    k = _ok("profiling/kernels")
+    runs = {(r["size"], r.context): r.get("cell_run") for _, r in kernel_cells().iterrows()}
+    if "cell_run" not in k:
+        k = k.assign(cell_run=None)
+    parts = []
+    for (size, ctx), run in runs.items():
+        kk = k[(k["size"] == size) & (k["context"] == ctx)]
+        if isinstance(run, str):
+            parts.append(kk[kk["cell_run"] == run])
+        else:
+            parts.append(_latest(kk[kk["cell_run"].isna()], ["size", "context", "phase", "region", "kernel"]))
+    return pd.concat(parts, ignore_index=True) if parts else k.iloc[:0]
 
 
 OVERCOUNT_MARK = " †"
@@ -216,8 +241,7 @@ def top_kernel_table(context: int = 512) -> str:
 
 def kernel_list(size: str, context: int, phase: str, n: int = 10, matmul: bool | None = None) -> str:
     """Top kernels of one phase (regions merged), optionally only matmul or only non-matmul."""
-    k = _ok("profiling/kernels")
-    k = _latest(k, ["size", "context", "phase", "region", "kernel"])
+    k = kernel_rows()
     k = k[(k["size"] == size) & (k["context"] == context) & (k["phase"] == phase)]
     total = k["total_ms"].sum()
     g = k.groupby("kernel", as_index=False).agg(calls=("calls", "sum"), ms=("total_ms", "sum"))
@@ -234,7 +258,7 @@ def attention_region_rows() -> pd.DataFrame:
     """(e), one row per profiler cell: the three attention regions' kernel time, the softmax region
     against the two matmul kernels alone (the scaling kernel of the scores region left out), and the
     same ratio in FLOPs. `overcounted`: the cell fails the kernels <= wall-time check."""
-    k = _latest(_ok("profiling/kernels"), ["size", "context", "phase", "region", "kernel"])
+    k = kernel_rows()
     out = []
     for _, r in kernel_cells().iterrows():
         cfg = get_config(r["size"])

@@ -2,37 +2,25 @@
 
 Every kernel is attributed to the phase (forward / backward / optimizer) and, inside the forward's
 attention, to the region (attn_scores / attn_softmax / attn_output) whose record_function range
-contains the CPU-side launch of the op that issued it. Attributing by launch time, not by the
-profiler's parent links, also catches the backward ops, which autograd runs on its own thread
-while the main thread waits inside the `backward` range.
+contains its launch (kernel_attribution.py: each device kernel counted once).
 """
 
 from __future__ import annotations
 
 import re
 import timeit
-from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch.autograd import DeviceType
 
 from cs336_systems.bench.timing import synchronize
 from cs336_systems.model import use_attention
 from cs336_systems.model.config import ModelConfig
 
-from .nvtx import ATTENTION_REGIONS, PHASES, annotated_attention
+from .kernel_attribution import (OTHER, TOP_KERNELS, appended_kernel_ms, attribute_cpu_ops,  # noqa: F401
+                                 attribute_kernels, from_kineto, is_matmul)
+from .nvtx import PHASES, annotated_attention
 from .steps import make_optimizer, make_step, phase_ranges, random_batch
-
-MATMUL = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|wgmma|cublas|matmul|aten::(mm|bmm|addmm|baddbmm)$|_mm_|triton_tem", re.I)
-TOP_KERNELS = 30  # per (phase, region); the rest are summed into one "(other kernels)" row
-OTHER = "(other kernels)"
-
-
-def is_matmul(kernel: str) -> bool:
-    return bool(MATMUL.search(kernel))
 
 
 def short_name(kernel: str, width: int = 60) -> str:
@@ -54,86 +42,20 @@ def short_name(kernel: str, width: int = 60) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def _ranges(events: Iterable[Any], names: Iterable[str]) -> list[tuple[str, float, float]]:
-    wanted = set(names)
-    return sorted((e.name, e.time_range.start, e.time_range.end) for e in events
-                  if e.name in wanted and e.device_type == DeviceType.CPU)
+def profiled_totals(prof, device: torch.device) -> tuple[list[dict], dict[str, dict]]:
+    """Kernel rows and per-phase totals of a finished torch.profiler run.
 
-
-def _containing(ranges: list[tuple[str, float, float]], t: float) -> str:
-    """Name of the innermost (latest-starting) range containing time t, or ''."""
-    best = ""
-    for name, start, end in ranges:
-        if start <= t <= end:
-            best = name
-    return best
-
-
-# --8<-- [start:attribute]
-def attribute_kernels(events: Iterable[Any]) -> tuple[list[dict], dict[str, dict]]:
-    """(kernel rows, per-phase totals) from a profiler's events.
-
-    GPU: each op's launched kernels (FunctionEvent.kernels, durations in us of GPU time).
-    CPU-only runs have no kernels; there each op's self CPU time stands in, so the same table
-    (and the tests) work without a GPU.
+    GPU: the unique device kernels by launch (attribute_kernels), with the sum of torch's per-op
+    kernel lists beside each phase as `appended_ms` (what our first version reported). CPU: each
+    op's self CPU time.
     """
-    events = list(events)
-    phases, regions = _ranges(events, PHASES), _ranges(events, ATTENTION_REGIONS)
-    named = set(PHASES) | set(ATTENTION_REGIONS) | {"measured", "ProfilerStep"}
-    gpu = any(e.device_type == DeviceType.CUDA for e in events)
-    work: list[tuple[float, str, float]] = []  # (cpu start us, kernel, duration us)
-    for e in events:
-        if e.device_type != DeviceType.CPU or e.name in named:
-            continue
-        if gpu:
-            work.extend((e.time_range.start, k.name, k.duration) for k in e.kernels)
-        elif e.self_cpu_time_total > 0:
-            work.append((e.time_range.start, e.name, e.self_cpu_time_total))
-    agg: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
-    for start, kernel, dur in work:
-        phase = _containing(phases, start) or "(outside phases)"
-        region = _containing(regions, start) if phase == "forward" else ""
-        cell = agg[(phase, region, kernel)]
-        cell[0] += 1
-        cell[1] += dur
-    totals: dict[str, dict] = {}
-    for (phase, _, kernel), (calls, us) in agg.items():
-        t = totals.setdefault(phase, {"kernel_ms": 0.0, "matmul_ms": 0.0, "kernels": 0})
-        t["kernel_ms"] += us / 1e3
-        t["matmul_ms"] += us / 1e3 if is_matmul(kernel) else 0.0
-        t["kernels"] += calls
-    for name, start, end in phases:
-        totals.setdefault(name, {"kernel_ms": 0.0, "matmul_ms": 0.0, "kernels": 0})["wall_ms"] = (end - start) / 1e3
-    if gpu:  # every device event, attributed or not: a check that attribution lost nothing
-        # GPU-side copies of record_function ranges (ours, and e.g. "Optimizer.step#AdamW.step")
-        # are device events too, spanning idle gaps: leave out any device event named like a CPU one.
-        cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
-        device_us = sum(e.time_range.end - e.time_range.start for e in events
-                        if e.device_type == DeviceType.CUDA and e.name not in cpu_names)
-        totals["(all device events)"] = {"kernel_ms": device_us / 1e3}
-    rows = [{"phase": p, "region": r, "kernel": k[:200], "matmul": is_matmul(k), "calls": c,
-             "total_ms": us / 1e3, "share": us / 1e3 / totals[p]["kernel_ms"] if totals[p]["kernel_ms"] else None}
-            for (p, r, k), (c, us) in agg.items()]
-    return _top(rows), totals
-# --8<-- [end:attribute]
-
-
-def _top(rows: list[dict]) -> list[dict]:
-    """Keep the TOP_KERNELS longest kernels per (phase, region); sum the rest into one row."""
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["phase"], r["region"])].append(r)
-    out = []
-    for (phase, region), rs in groups.items():
-        rs.sort(key=lambda r: -r["total_ms"])
-        out.extend(rs[:TOP_KERNELS])
-        rest = rs[TOP_KERNELS:]
-        if rest:
-            share = [r["share"] for r in rest if r["share"] is not None]
-            out.append({"phase": phase, "region": region, "kernel": OTHER, "matmul": False,
-                        "calls": sum(r["calls"] for r in rest), "total_ms": sum(r["total_ms"] for r in rest),
-                        "share": sum(share) if share else None})
-    return out
+    function_events = prof.events()
+    if device.type != "cuda":
+        return attribute_cpu_ops(function_events)
+    rows, totals = attribute_kernels(from_kineto(prof.profiler.kineto_results.events()))
+    for phase, ms in appended_kernel_ms(function_events).items():
+        totals.setdefault(phase, {})["appended_ms"] = ms
+    return rows, totals
 
 
 def timed_phases(step_factory, device) -> dict[str, float]:
@@ -185,7 +107,7 @@ def profile_step(model: torch.nn.Module, cfg: ModelConfig, *, mode: str = "train
     if trace_path is not None:
         Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace_path))
-    rows, totals = attribute_kernels(prof.events())
+    rows, totals = profiled_totals(prof, dev)
     for phase, ms in python_ms.items():
         totals.setdefault(phase, {})["python_ms"] = ms
     del optimizer
@@ -208,4 +130,7 @@ def format_kernel_table(rows: list[dict], totals: dict[str, dict], top: int = 8)
             where = f" [{r['region']}]" if r["region"] else ""
             lines.append(f"  {r['total_ms']:9.3f} ms {r['calls']:6d}x {r['share'] or 0:6.1%}  "
                          f"{short_name(r['kernel'])}{where}")
+    if "(check)" in totals:  # GPU runs: how the kernels were counted and placed
+        lines.append("[check] " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in totals["(check)"].items()))
     return "\n".join(lines)

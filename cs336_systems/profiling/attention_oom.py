@@ -1,0 +1,161 @@
+"""The allocator checks of the d = 64, seq 32,768 attention OOM: `just bench attention-oom`.
+
+docs/attention.md counts the backward peak of naive attention at seq 32,768 (batch 8, d = 64, fp32)
+below the H200's memory, yet the sweep ran out of memory there. Its hypothesis: in the first forward
+the output O is carved out of the just-freed block of the scaled scores, pins that block until the
+backward, and the backward then needs a fifth score-sized block. Two checks settle it:
+
+1. seq 16,384, default allocator: the reserved peak comes out near five score matrices while the
+   allocated peak is four;
+2. seq 32,768 with PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:1024 (blocks over 1 GiB are never split
+   for smaller requests) runs.
+
+The grid also runs the two other combinations: seq 32,768 with the default allocator (the OOM again,
+now with the allocator's message) and seq 16,384 with max_split (reserved should fall to about four).
+Each cell runs in a fresh process, because the allocator reads its setting at CUDA start-up and the
+hypothesis is about the very first iteration. The process does what the sweep's warm-up did: forward
+and backward of the model's naive attention on the same inputs, `--iterations` times.
+Results: results/attention/oom_checks/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from cs336_systems.bench.store import NotOurResultsFile, ResultStore
+from cs336_systems.bench.timing import synchronize
+
+KEY = ["batch", "d", "seq", "alloc_conf"]
+DEFAULT = "default"  # PYTORCH_CUDA_ALLOC_CONF unset
+MIB = 2**20
+# "Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which 7.5 GiB is free. ...
+#  Of the allocated memory 128.0 GiB is allocated by PyTorch, and 3.6 GiB is reserved by PyTorch but
+#  unallocated."
+MESSAGE_FIELDS = {
+    "tried_mib": r"Tried to allocate ([\d.]+) ([KMG]iB)",
+    "capacity_mib": r"total capacity of ([\d.]+) ([KMG]iB)",
+    "free_mib": r"of which ([\d.]+) ([KMG]iB) is free",
+    "process_in_use_mib": r"this process has ([\d.]+) ([KMG]iB) memory in use",
+    "allocated_by_pytorch_mib": r"([\d.]+) ([KMG]iB) is allocated by PyTorch",
+    "reserved_unallocated_mib": r"([\d.]+) ([KMG]iB) is reserved by PyTorch but unallocated",
+}
+UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
+
+
+def parse_oom_message(message: str) -> dict[str, float | None]:
+    """The sizes in a CUDA allocator OOM message, in MiB (None where the message lacks one)."""
+    out: dict[str, float | None] = {}
+    for field, pattern in MESSAGE_FIELDS.items():
+        m = re.search(pattern, message)
+        out[field] = float(m.group(1)) * UNIT_MIB[m.group(2)] if m else None
+    return out
+
+
+def _memory(cuda: bool) -> dict[str, float | None]:
+    if not cuda:
+        return {"allocated_mib": None, "reserved_mib": None, "peak_allocated_mib": None, "peak_reserved_mib": None}
+    return {"allocated_mib": torch.cuda.memory_allocated() / MIB, "reserved_mib": torch.cuda.memory_reserved() / MIB,
+            "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB,
+            "peak_reserved_mib": torch.cuda.max_memory_reserved() / MIB}
+
+
+# --8<-- [start:probe]
+def probe(batch: int, seq: int, d: int, iterations: int, device: str) -> dict:
+    """Forward + backward of naive attention `iterations` times in this (fresh) process, as the
+    sweep's warm-up did; memory after each iteration, peaks since the process started (never reset).
+    On OOM: the iteration it happened in, memory at that moment, and the allocator's message."""
+    from cs336_systems.model import naive_attention
+
+    cuda = torch.device(device).type == "cuda"
+    gen = torch.Generator(device=device).manual_seed(0)  # the sweep's inputs
+    q, k, v = (torch.randn(batch, seq, d, device=device, generator=gen, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(batch, seq, d, device=device, generator=gen)
+    per_iteration = []
+    try:
+        for _ in range(iterations):
+            naive_attention(q, k, v).backward(grad_out)
+            synchronize(device)
+            per_iteration.append(_memory(cuda))
+    except torch.cuda.OutOfMemoryError as exc:
+        message = str(exc)
+        return {"ran": False, "oom_iteration": len(per_iteration), "iterations": per_iteration,
+                "at_oom": _memory(cuda), "oom_message": message, **parse_oom_message(message),
+                "num_alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries")}
+    return {"ran": True, "iterations": per_iteration, **per_iteration[-1],
+            "num_alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries") if cuda else None}
+# --8<-- [end:probe]
+
+
+def run_child(cell: dict, iterations: int, device: str, timeout_s: float) -> tuple[str, dict]:
+    """(status, metrics) of one cell, measured in a fresh Python process with its allocator setting."""
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if cell["alloc_conf"] != DEFAULT:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = cell["alloc_conf"]
+    args = {"batch": cell["batch"], "seq": cell["seq"], "d": cell["d"], "iterations": iterations, "device": device}
+    cmd = [sys.executable, "-m", "cs336_systems.profiling.attention_oom", "--child", json.dumps(args)]
+    start = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return "error", {"error_tail": tail[-400:]}
+    metrics = json.loads(out.stdout.strip().splitlines()[-1])
+    metrics["child_s"] = time.monotonic() - start
+    return ("ok" if metrics["ran"] else "oom"), metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="attention-oom", description=__doc__.splitlines()[0])
+    ints = lambda s: [int(t) for t in s.split(",") if t]  # noqa: E731
+    p.add_argument("--seqs", type=ints, default=[16384, 32768])
+    p.add_argument("--alloc-confs", type=lambda s: [t for t in s.split(",") if t],
+                   default=[DEFAULT, "max_split_size_mb:1024"],
+                   help=f"PYTORCH_CUDA_ALLOC_CONF values, {DEFAULT!r} for unset (comma-separated)")
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=3, help="forward+backward passes (the sweep's warm-up: 3)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--results-dir", type=Path, default=None)
+    p.add_argument("--budget-s", type=float, default=None, help="start no new cell after this many seconds")
+    p.add_argument("--child-timeout-s", type=float, default=180.0)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(probe(**json.loads(args.child))))
+        return 0
+    if args.iterations < 1 or args.d < 1 or args.batch < 1 or not args.seqs or min(args.seqs) < 1:
+        p.error("need --iterations, --d, --batch and every --seqs value >= 1")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but no CUDA device is available")
+    try:
+        store = ResultStore("attention/oom_checks", KEY, root=args.results_dir,
+                            device="cpu" if torch.device(args.device).type != "cuda" else None)
+        store.rows()
+    except NotOurResultsFile as exc:
+        p.error(str(exc))
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
+    cells = [{"batch": args.batch, "d": args.d, "seq": s, "alloc_conf": c} for s in args.seqs for c in args.alloc_confs]
+    for cell in cells:
+        if store.has(cell):
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            print("[attention-oom] time budget spent; re-run the same command to resume", file=sys.stderr)
+            return 3
+        status, metrics = run_child(cell, args.iterations, args.device, args.child_timeout_s)
+        store.append(cell, {**metrics, "iterations_asked": args.iterations}, status=status,
+                     error=metrics.get("error_tail"))
+        print(f"[attention-oom] seq {cell['seq']}, {cell['alloc_conf']}: {status}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
