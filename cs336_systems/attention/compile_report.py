@@ -5,7 +5,7 @@ memory traffic in the PTX) and whether the tensor-core instructions (wgmma) and 
 (cp.async) are there, all at no device time. `tune` uses `fits` to drop configurations that cannot
 launch (over 227 KB of shared memory) before timing anything.
 
-    python -m cs336_systems.attention.compile_report [--dtype bf16] [--d 64] [--causal] [--onepass-candidates]
+    python -m cs336_systems.attention.compile_report [--dtype bf16] [--d 64] [--causal] [--tuned] [--onepass-candidates]
 """
 
 from __future__ import annotations
@@ -47,6 +47,28 @@ def _compile(fn, pointers: dict[str, str], const: dict, num_warps: int, num_stag
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
+def machine_code(cubin: bytes) -> dict:
+    """Registers per thread and register-spill instructions (STL/LDL) in the SASS that ptxas made:
+    the PTX above it has virtual registers, so only the cubin shows real spills."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
+            usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+        except OSError:  # a Triton build without the bundled CUDA tools
+            return {}
+    regs = re.search(r"REG:(\d+)", usage)
+    return {"regs": int(regs.group(1)) if regs else None, "sass_spill_ops": len(re.findall(r"\b(?:STL|LDL)\b", sass))}
+
+
 def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_dim: int, causal: bool) -> dict:
     """Resources of one kernel ('fwd', 'dkdv', 'dq', 'fused' or 'onepass') for one config."""
     from . import flash_bwd_kernel as B
@@ -85,7 +107,7 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
     start = time.perf_counter()
     k = _compile(fn, {n: t for n, t in ptrs.items() if n in fn.arg_names}, const, warps, stages)
     ops = collections.Counter(m.split(".")[0] + "." + m.split(".")[1] for m in _OPS.findall(k.asm["ptx"]))
-    out = {"smem": k.metadata.shared, "fits": k.metadata.shared <= SMEM_LIMIT,
+    out = {"smem": k.metadata.shared, "fits": k.metadata.shared <= SMEM_LIMIT, **machine_code(k.asm["cubin"]),
            "spills": ops.get("ld.local", 0) + ops.get("st.local", 0), "wgmma": ops.get("wgmma.mma_async", 0),
            "cp_async": ops.get("cp.async", 0), "compile_s": time.perf_counter() - start}
     if kind == "onepass":  # the only kernel with atomics: red (result unused) or atom (result used)
@@ -101,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--tuned", action="store_true",
+                    help="report the measured table's configs for the leaderboard launch (256 x 16384), not the heuristic ones")
     ap.add_argument("--onepass-candidates", action="store_true",
                     help="also compile every one-pass candidate `tune` would time for this dtype and d")
     args = ap.parse_args(argv)
@@ -108,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--d must be in 16..128, got {args.d}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     fwd, bwd = heuristic_fwd(dtype, next_power_of_2(args.d)), heuristic_bwd(dtype, next_power_of_2(args.d))
+    if args.tuned:
+        from .configs import bwd_config, fwd_config
+
+        fwd = fwd_config(dtype, args.d, args.causal, 256, 16384, 16384)
+        bwd = bwd_config(dtype, args.d, args.causal, 256, 16384, 16384)
     for kind, config in (("fwd", fwd), ("dkdv", bwd), ("dq", bwd), ("fused", bwd),
                          ("onepass", heuristic_onepass(dtype, next_power_of_2(args.d)))):
         print(kind, config, report(kind, config, dtype, args.d, args.causal))
