@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.bench.store import NotOurResultsFile, ResultStore
 from cs336_systems.bench.timing import synchronize
+
+from .budget import check_device, open_store
 
 KEY = ["batch", "d", "seq", "alloc_conf"]
 DEFAULT = "default"  # PYTORCH_CUDA_ALLOC_CONF unset
@@ -134,14 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.iterations < 1 or args.d < 1 or args.batch < 1 or not args.seqs or min(args.seqs) < 1:
         p.error("need --iterations, --d, --batch and every --seqs value >= 1")
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda, but no CUDA device is available")
-    try:
-        store = ResultStore("attention/oom_checks", KEY, root=args.results_dir,
-                            device="cpu" if torch.device(args.device).type != "cuda" else None)
-        store.rows()
-    except NotOurResultsFile as exc:
-        p.error(str(exc))
+    check_device(p, args)
+    store = open_store(p, "attention/oom_checks", KEY, args)
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
     cells = [{"batch": args.batch, "d": args.d, "seq": s, "alloc_conf": c} for s in args.seqs for c in args.alloc_confs]
     for cell in cells:
