@@ -118,6 +118,44 @@ def test_triton_tile_configs(fwd, bwd, is_causal):
         run_and_check("triton", 1, 2, 70, 29, 32, is_causal, seed=1)
 
 
+# Input tiles loaded through TMA tensor descriptors, forward and backward (the interpreter emulates
+# them, zero-filling boxes that run past the end like the copy engine does).
+TMA = [BwdConfig(16, 32, 32, 16, tma1=True, tma2=True),  # two launches, ragged boxes both ways
+       BwdConfig(32, 16, 16, 32, fused=True, tma1=True, tma2=True),  # one launch, each pass's boxes
+       BwdConfig(16, 16, 16, 16, fused=True, tma1=True)]  # one launch, dQ pass by pointers
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("bwd", TMA, ids=["two-launch", "fused", "fused-dkdv-only"])
+def test_triton_tma_backward(bwd, is_causal, monkeypatch):
+    from cs336_systems.attention import flash_launch
+
+    made = []
+    real = flash_launch._descriptors
+    monkeypatch.setattr(flash_launch, "_descriptors", lambda *a: made.append(a[4:]) or real(*a))
+    fwd = FwdConfig(16, 32, tma=True)
+    with override(fwd=fwd, bwd=bwd):
+        run_and_check("triton", 2, None, 45, 70, 16, is_causal)
+        run_and_check("triton", 1, 2, 70, 29, 32, is_causal, seed=1)
+    assert (16, 32) in made, "the forward did not take the TMA path"
+    assert len(made) > 2, "the backward did not take the TMA path"
+    made.clear()
+    with override(fwd=fwd, bwd=bwd):  # d = 80 is no power of two: pointer loads
+        run_and_check("triton", 1, 2, 70, 29, 80, is_causal, seed=1)
+    assert not made
+
+
+def test_tma_ok_rules():
+    from cs336_systems.attention.flash_launch import tma_ok
+
+    x = torch.zeros(2, 3, 40, 32, device=DEVICE)
+    assert tma_ok(x, x)
+    assert not tma_ok(torch.zeros(2, 3, 40, 80, device=DEVICE))  # d not a power of two
+    assert not tma_ok(x.transpose(-1, -2))  # last dim not unit-stride
+    assert not tma_ok(torch.zeros(2, 3, 40, 33, device=DEVICE)[..., :32])  # row stride of 132 bytes
+    assert not tma_ok(torch.zeros(1, 3, 40, 32, device=DEVICE).expand(2, 3, 40, 32))  # a 0 stride
+
+
 # The one-pass backward (dQ by fp32 atomics), forced by config: not the default anywhere yet.
 ONE_PASS = [BwdConfig(16, 16, 16, 16, 1, 1, 1, 1, one_pass=True),  # the interpreter's tiles
             BwdConfig(32, 16, 32, 16, one_pass=True),  # BLOCK_M > BLOCK_N
@@ -278,6 +316,22 @@ def test_gpu_one_pass_backward(shape, bwd, is_causal, dtype):
     if dtype == torch.float32 and bwd.block_n1 == 128 and shape[-1] > 64:
         pytest.skip("fp32, 128 keys, head dim padded to 128: over 227 KB of shared memory (compile_report)")
     with override(bwd=bwd):
+        run_and_check("triton", *shape, is_causal, dtype=dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("fwd,bwd", [
+    (FwdConfig(128, 64, 8, 3, tma=True), BwdConfig(64, 64, 128, 64, 4, 3, 4, 3, fused=True, tma1=True, tma2=True)),
+    (FwdConfig(64, 64, 4, 3, tma=True), BwdConfig(32, 128, 128, 32, 4, 3, 4, 3, tma1=True, tma2=True))],
+    ids=["fused", "two-launch"])
+@pytest.mark.parametrize("shape", [(1, 3, 777, 1531, 64), (3, 2, 1200, 300, 128), (4, None, 1024, 1024, 64),
+                                   (2, 4, 1000, 1000, 16)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_tma(shape, fwd, bwd, is_causal, dtype):
+    if dtype == torch.float32 and shape[-1] == 128:
+        pytest.skip("fp32 at head dim 128 with these tiles: over 227 KB of shared memory")
+    with override(fwd=fwd, bwd=bwd):
         run_and_check("triton", *shape, is_causal, dtype=dtype)
 
 

@@ -41,7 +41,7 @@ def _compile(fn, pointers: dict[str, str], const: dict, num_warps: int, num_stag
             signature[name] = "constexpr"
         else:
             signature[name] = pointers.get(name, "fp32" if name.endswith("scale") else "i32")
-            if name in pointers or name.startswith(("stride", "n_")):
+            if (name in pointers and pointers[name].startswith("*")) or name.startswith(("stride", "n_")):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn, signature, const, attrs), target=GPUTarget("cuda", 90, 128),
                           options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -81,14 +81,29 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
     if kind == "fwd":
         assert isinstance(config, FwdConfig)
         fn = F.flash_fwd_kernel
-        const = common | dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+        const = common | dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, TMA=config.tma)
         warps, stages = config.num_warps, config.num_stages
         ptrs = {n: p for n in "QKVO"} | {"L": "*fp32"}
+        if config.tma:
+            box = {"Q": config.block_m, "K": config.block_n, "V": config.block_n}
+            ptrs |= {n: f"tensordesc<{p[1:]}[1, 1, {r}, {common['HEAD_DIM_PAD']}]>" for n, r in box.items()}
     else:
         assert isinstance(config, BwdConfig)
         ptrs = {n: p for n in ("Q", "K", "V", "DO", "DQ", "DK", "DV")} | {"L": "*fp32", "Delta": "*fp32"}
+        pad = common["HEAD_DIM_PAD"]
+        # The timed shapes (powers of two, tiles dividing them) have no ragged query tile.
+        no_tail = not causal or config.block_n1 % config.block_m1 == 0
+
+        def descs(names, rows_qdo, rows_kv):  # TMA: descriptor types with each tensor's box
+            q, k, v, do = names
+            return {n: f"tensordesc<{p[1:]}[1, 1, {r}, {pad}]>"
+                    for n, r in ((q, rows_qdo), (k, rows_kv), (v, rows_kv), (do, rows_qdo))}
+
         if kind == "dkdv":
-            fn, const = B.bwd_dkdv_kernel, common | dict(BLOCK_M=config.block_m1, BLOCK_N=config.block_n1)
+            fn, const = B.bwd_dkdv_kernel, common | dict(BLOCK_M=config.block_m1, BLOCK_N=config.block_n1,
+                                                         TMA=config.tma1, NO_TAIL=no_tail)
+            if config.tma1:
+                ptrs |= descs(("Q", "K", "V", "DO"), config.block_m1, config.block_n1)
             warps, stages = config.num_warps1, config.num_stages1
         elif kind == "onepass":  # EVEN_N: the timed shapes are multiples of the key tile
             fn = B1.bwd_onepass_kernel
@@ -96,12 +111,21 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
             const = common | dict(EVEN_N=True, BLOCK_M=config.block_m1, BLOCK_N=config.block_n1)
             warps, stages = config.num_warps1, config.num_stages1
         elif kind == "dq":
-            fn, const = B.bwd_dq_kernel, common | dict(BLOCK_M=config.block_m2, BLOCK_N=config.block_n2)
+            fn, const = B.bwd_dq_kernel, common | dict(BLOCK_M=config.block_m2, BLOCK_N=config.block_n2,
+                                                       TMA=config.tma2)
+            if config.tma2:
+                ptrs |= descs(("Q", "K", "V", "DO"), config.block_m2, config.block_n2)
             warps, stages = config.num_warps2, config.num_stages2
         else:
             fn = B.bwd_fused_kernel
             const = common | dict(BLOCK_M1=config.block_m1, BLOCK_N1=config.block_n1,
-                                  BLOCK_M2=config.block_m2, BLOCK_N2=config.block_n2)
+                                  BLOCK_M2=config.block_m2, BLOCK_N2=config.block_n2,
+                                  TMA1=config.tma1, TMA2=config.tma2, NO_TAIL=no_tail)
+            ptrs |= {n + "2": p for n in ("Q", "K", "V", "DO")}
+            if config.tma1:
+                ptrs |= descs(("Q", "K", "V", "DO"), config.block_m1, config.block_n1)
+            if config.tma2:
+                ptrs |= descs(("Q2", "K2", "V2", "DO2"), config.block_m2, config.block_n2)
             warps, stages = config.num_warps1, config.num_stages1
     const |= {k: v for k, v in unit.items() if k in fn.arg_names}
     start = time.perf_counter()
@@ -109,7 +133,8 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
     ops = collections.Counter(m.split(".")[0] + "." + m.split(".")[1] for m in _OPS.findall(k.asm["ptx"]))
     out = {"smem": k.metadata.shared, "fits": k.metadata.shared <= SMEM_LIMIT, **machine_code(k.asm["cubin"]),
            "spills": ops.get("ld.local", 0) + ops.get("st.local", 0), "wgmma": ops.get("wgmma.mma_async", 0),
-           "cp_async": ops.get("cp.async", 0), "compile_s": time.perf_counter() - start}
+           "cp_async": ops.get("cp.async", 0), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", k.asm["ptx"])),
+           "compile_s": time.perf_counter() - start}
     if kind == "onepass":  # the only kernel with atomics: red (result unused) or atom (result used)
         atomics = collections.Counter(_ATOMICS.findall(k.asm["ptx"]))
         out["red"], out["atom"] = atomics.get("red", 0), atomics.get("atom", 0)

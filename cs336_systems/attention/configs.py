@@ -27,6 +27,7 @@ class FwdConfig:
     block_n: int  # keys per loop step
     num_warps: int = 4
     num_stages: int = 2
+    tma: bool = False  # load Q, K, V tiles through TMA descriptors (see BwdConfig.tma1)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class BwdConfig:
     # One pass instead of two: the dK/dV program also adds its dQ share with fp32 atomics
     # (flash_bwd_onepass_kernel; uses the *1 fields, ignores the *2 fields and `fused`).
     one_pass: bool = False
+    # Load the input tiles through TMA tensor descriptors (Hopper+, contiguous last dim, power-of-two
+    # d), per pass; inputs that do not qualify fall back to pointer loads.
+    tma1: bool = False
+    tma2: bool = False
 # --8<-- [end:configs]
 
     def __post_init__(self):

@@ -7,6 +7,8 @@
                  P = exp2(Q K^T * c - L2),  dQ += (P * (dO V^T - D)) K
 
 Each program owns the rows it writes, so nothing is atomic; the price is computing P twice.
+With TMA (Hopper) the input tiles come through tensor descriptors instead of pointer arithmetic
+(`tile_io.load_tile`): same arithmetic, fewer registers and instructions per program.
 `bwd_fused_kernel` runs both passes in one launch (one tail instead of two). As in the forward,
 causal programs skip tiles past the diagonal and only masked tiles pay for comparisons.
 
@@ -16,7 +18,7 @@ Do not import this module directly: `triton_loader.kernels(__name__)` loads it f
 import triton
 import triton.language as tl
 
-from .tile_io import LOG2E, load_rows, store_rows
+from .tile_io import LOG2E, load_rows, load_tile, store_rows
 
 
 @triton.jit
@@ -40,15 +42,17 @@ def bwd_preprocess_kernel(O, DO, Delta, stride_oz, stride_oh, stride_on, stride_
 # --8<-- [start:dkdv_tiles]
 @triton.jit
 def dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
-                     stride_dn, stride_dd, offs_n, offs_d, lo, hi, n_queries, qk_scale,
+                     stride_dn, stride_dd, z, h, offs_n, offs_d, lo, hi, n_queries, qk_scale,
                      CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TMA: tl.constexpr):
     """Accumulate the contributions of query tiles [lo, hi) to this key tile's dK, dV."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, n_queries, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-        do = load_rows(do_base, offs_m, offs_d, stride_dn, stride_dd, n_queries, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        q = load_tile(q_base, z, h, start_m, offs_m, offs_d, stride_qn, stride_qd, n_queries, MASKED,
+                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
+        do = load_tile(do_base, z, h, start_m, offs_m, offs_d, stride_dn, stride_dd, n_queries, MASKED,
+                       HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
         if MASKED:  # a missing query row gets L = +inf, so its P is exactly 0
             L2 = tl.load(L_row + offs_m, mask=offs_m < n_queries, other=float("inf")) * LOG2E
             Di = tl.load(D_row + offs_m, mask=offs_m < n_queries, other=0.0)
@@ -75,18 +79,28 @@ def dkdv_program(tile, bh, Q, K, V, DO, L, Delta, DK, DV,
                  stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                  n_heads, n_queries, n_keys, qk_scale, sm_scale,
                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dK, dV of key tile `tile` of (batch*head) `bh`. DK, DV are contiguous (Z, H, n_k, d)."""
-    z = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, NO_TAIL: tl.constexpr):
+    """dK, dV of key tile `tile` of (batch*head) `bh`. DK, DV are contiguous (Z, H, n_k, d).
+    Q, K, V, DO are pointers, or with TMA descriptors (boxes of BLOCK_M rows for Q, DO, BLOCK_N for K, V).
+    NO_TAIL: the host knows no program has a ragged last query tile, so that loop is not compiled
+    (its registers would count against every program)."""
+    zi = bh // n_heads
+    hi = bh % n_heads
+    z = zi.to(tl.int64)
+    h = hi.to(tl.int64)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    k = load_rows(K + z * stride_kz + h * stride_kh, offs_n, offs_d, stride_kn, stride_kd, n_keys,
-                  True, HEAD_DIM, HEAD_DIM_PAD)
-    v = load_rows(V + z * stride_vz + h * stride_vh, offs_n, offs_d, stride_vn, stride_vd, n_keys,
-                  True, HEAD_DIM, HEAD_DIM_PAD)
-    q_base = Q + z * stride_qz + h * stride_qh
-    do_base = DO + z * stride_dz + h * stride_dh
+    if TMA:  # descriptors of the whole tensors: nothing to offset
+        k_base, v_base, q_base, do_base = K, V, Q, DO
+    else:
+        k_base = K + z * stride_kz + h * stride_kh
+        v_base = V + z * stride_vz + h * stride_vh
+        q_base = Q + z * stride_qz + h * stride_qh
+        do_base = DO + z * stride_dz + h * stride_dh
+    k = load_tile(k_base, zi, hi, tile * BLOCK_N, offs_n, offs_d, stride_kn, stride_kd, n_keys, True,
+                  HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
+    v = load_tile(v_base, zi, hi, tile * BLOCK_N, offs_n, offs_d, stride_vn, stride_vd, n_keys, True,
+                  HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
     L_row = L + bh.to(tl.int64) * n_queries
     D_row = Delta + bh.to(tl.int64) * n_queries
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
@@ -97,17 +111,19 @@ def dkdv_program(tile, bh, Q, K, V, DO, L, Delta, DK, DV,
         lo = tile * BLOCK_N
         lo_full = lo + (BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         dk, dv = dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
-                                  stride_dn, stride_dd, offs_n, offs_d, lo, tl.minimum(lo_full, n_queries),
-                                  n_queries, qk_scale, CAUSAL, True, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
+                                  stride_dn, stride_dd, zi, hi, offs_n, offs_d, lo,
+                                  tl.minimum(lo_full, n_queries), n_queries, qk_scale,
+                                  CAUSAL, True, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA)
     else:
         lo_full = 0
     hi_full = lo_full + tl.maximum(n_queries - lo_full, 0) // BLOCK_M * BLOCK_M
     dk, dv = dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
-                              stride_dn, stride_dd, offs_n, offs_d, lo_full, hi_full,
-                              n_queries, qk_scale, CAUSAL, False, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
-    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
-                              stride_dn, stride_dd, offs_n, offs_d, hi_full, n_queries,
-                              n_queries, qk_scale, CAUSAL, True, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
+                              stride_dn, stride_dd, zi, hi, offs_n, offs_d, lo_full, hi_full,
+                              n_queries, qk_scale, CAUSAL, False, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA)
+    if not NO_TAIL:
+        dk, dv = dkdv_query_tiles(dk, dv, k, v, q_base, do_base, L_row, D_row, stride_qn, stride_qd,
+                                  stride_dn, stride_dd, zi, hi, offs_n, offs_d, hi_full, n_queries,
+                                  n_queries, qk_scale, CAUSAL, True, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA)
     out = (z * n_heads + h) * n_keys * HEAD_DIM
     store_rows(DK + out, dk * sm_scale, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)
     store_rows(DV + out, dv, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)
@@ -116,15 +132,17 @@ def dkdv_program(tile, bh, Q, K, V, DO, L, Delta, DK, DV,
 # --8<-- [start:dq_tiles]
 @triton.jit
 def dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                 offs_m, offs_d, lo, hi, n_keys, qk_scale,
+                 z, h, offs_m, offs_d, lo, hi, n_keys, qk_scale,
                  CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TMA: tl.constexpr):
     """Accumulate the contributions of key tiles [lo, hi) to this query tile's dQ."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-        v = load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        k = load_tile(k_base, z, h, start_n, offs_n, offs_d, stride_kn, stride_kd, n_keys, MASKED,
+                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
+        v = load_tile(v_base, z, h, start_n, offs_n, offs_d, stride_vn, stride_vd, n_keys, MASKED,
+                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
         s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N)
         dp = tl.dot(do, tl.trans(v))  # (BLOCK_M, BLOCK_N), issued before the exp2s as in the dK/dV pass
         p = tl.math.exp2(s * qk_scale - L2[:, None])
@@ -145,32 +163,42 @@ def dq_program(tile, bh, Q, K, V, DO, L, Delta, DQ,
                stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                n_heads, n_queries, n_keys, qk_scale, sm_scale,
                CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dQ of query tile `tile` of (batch*head) `bh`. DQ is contiguous (Z, H, n_q, d)."""
-    z = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """dQ of query tile `tile` of (batch*head) `bh`. DQ is contiguous (Z, H, n_q, d).
+    Q, K, V, DO are pointers, or with TMA descriptors (boxes of BLOCK_M rows for Q, DO, BLOCK_N for K, V)."""
+    zi = bh // n_heads
+    hi = bh % n_heads
+    z = zi.to(tl.int64)
+    h = hi.to(tl.int64)
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q = load_rows(Q + z * stride_qz + h * stride_qh, offs_m, offs_d, stride_qn, stride_qd, n_queries,
-                  True, HEAD_DIM, HEAD_DIM_PAD)
-    do = load_rows(DO + z * stride_dz + h * stride_dh, offs_m, offs_d, stride_dn, stride_dd, n_queries,
-                   True, HEAD_DIM, HEAD_DIM_PAD)
+    if TMA:  # descriptors of the whole tensors: nothing to offset
+        q_base, do_base, k_base, v_base = Q, DO, K, V
+    else:
+        q_base = Q + z * stride_qz + h * stride_qh
+        do_base = DO + z * stride_dz + h * stride_dh
+        k_base = K + z * stride_kz + h * stride_kh
+        v_base = V + z * stride_vz + h * stride_vh
+    q = load_tile(q_base, zi, hi, tile * BLOCK_M, offs_m, offs_d, stride_qn, stride_qd, n_queries, True,
+                  HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
+    do = load_tile(do_base, zi, hi, tile * BLOCK_M, offs_m, offs_d, stride_dn, stride_dd, n_queries, True,
+                   HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
     row_ok = offs_m < n_queries
     L2 = tl.load(L + bh.to(tl.int64) * n_queries + offs_m, mask=row_ok, other=float("inf")) * LOG2E
     Di = tl.load(Delta + bh.to(tl.int64) * n_queries + offs_m, mask=row_ok, other=0.0)
-    k_base = K + z * stride_kz + h * stride_kh
-    v_base = V + z * stride_vz + h * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if CAUSAL:
-        hi = tl.minimum((tile + 1) * BLOCK_M, n_keys)
+        hi_k = tl.minimum((tile + 1) * BLOCK_M, n_keys)
         hi_full = tl.minimum(tile * BLOCK_M, n_keys) // BLOCK_N * BLOCK_N
     else:
-        hi = n_keys
+        hi_k = n_keys
         hi_full = n_keys // BLOCK_N * BLOCK_N
-    dq = dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                      offs_m, offs_d, 0, hi_full, n_keys, qk_scale, CAUSAL, False, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD)
-    dq = dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                      offs_m, offs_d, hi_full, hi, n_keys, qk_scale, CAUSAL, True, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD)
+    dq = dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, zi, hi,
+                      offs_m, offs_d, 0, hi_full, n_keys, qk_scale, CAUSAL, False, BLOCK_N, HEAD_DIM,
+                      HEAD_DIM_PAD, TMA)
+    dq = dq_key_tiles(dq, q, do, L2, Di, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, zi, hi,
+                      offs_m, offs_d, hi_full, hi_k, n_keys, qk_scale, CAUSAL, True, BLOCK_N, HEAD_DIM,
+                      HEAD_DIM_PAD, TMA)
     store_rows(DQ + (z * n_heads + h) * n_queries * HEAD_DIM, dq * sm_scale, offs_m, offs_d, HEAD_DIM, 1,
                n_queries, HEAD_DIM)
 
@@ -181,7 +209,8 @@ def bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                     stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                     n_heads, n_queries, n_keys, qk_scale, sm_scale,
                     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
+                    NO_TAIL: tl.constexpr = False):
     """Grid (key tiles, Z*H). Causal: key tile 0 sees every query, so it goes first."""
     lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
     n_bh = tl.num_programs(1)
@@ -189,7 +218,7 @@ def bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV,
                  stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
                  stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                  n_heads, n_queries, n_keys, qk_scale, sm_scale,
-                 CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N)
+                 CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, TMA, NO_TAIL)
 
 
 @triton.jit
@@ -198,7 +227,7 @@ def bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
                   stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                   n_heads, n_queries, n_keys, qk_scale, sm_scale,
                   CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False):
     """Grid (query tiles, Z*H). Causal: the last query tile sees every key, so it goes first."""
     n_tiles = tl.num_programs(0)
     lin = tl.program_id(0) + tl.program_id(1) * n_tiles
@@ -207,19 +236,22 @@ def bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
                stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
                stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                n_heads, n_queries, n_keys, qk_scale, sm_scale,
-               CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N)
+               CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, TMA)
 
 
 @triton.jit
-def bwd_fused_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV,
+def bwd_fused_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV, Q2, K2, V2, DO2,
                      stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                      n_heads, n_queries, n_keys, qk_scale, sm_scale, n_kv_tiles, n_q_tiles,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                      BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-                     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
+                     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                     TMA1: tl.constexpr = False, TMA2: tl.constexpr = False, NO_TAIL: tl.constexpr = False):
     """Grid (key tiles + query tiles, Z*H): both passes in one launch. With as many key as query
-    tiles the two kinds alternate, each in decreasing order of work, so long programs start first."""
+    tiles the two kinds alternate, each in decreasing order of work, so long programs start first.
+    Q2, K2, V2, DO2 are the dQ programs' view of the inputs: the same tensors, or with TMA2
+    descriptors with that pass's boxes."""
     lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
     n_bh = tl.num_programs(1)
     idx = lin // n_bh
@@ -237,10 +269,10 @@ def bwd_fused_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV,
                      stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                      n_heads, n_queries, n_keys, qk_scale, sm_scale,
-                     CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M1, BLOCK_N1)
+                     CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M1, BLOCK_N1, TMA1, NO_TAIL)
     else:
-        dq_program(q_tile, bh, Q, K, V, DO, L, Delta, DQ,
+        dq_program(q_tile, bh, Q2, K2, V2, DO2, L, Delta, DQ,
                    stride_qz, stride_qh, stride_qn, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
                    stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                    n_heads, n_queries, n_keys, qk_scale, sm_scale,
-                   CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2)
+                   CAUSAL, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M2, BLOCK_N2, TMA2)

@@ -14,7 +14,7 @@ mode (GPU or interpreter).
 import triton
 import triton.language as tl
 
-from .tile_io import LOG2E, load_rows
+from .tile_io import LOG2E, load_rows, load_tile
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 MASK_LOG2: tl.constexpr = tl.constexpr(-1.0e6 * 1.4426950408889634)  # the course's -1e6, in base 2
@@ -23,15 +23,16 @@ MASK_LOG2: tl.constexpr = tl.constexpr(-1.0e6 * 1.4426950408889634)  # the cours
 # --8<-- [start:fwd_tiles]
 @triton.jit
 def fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                  offs_m, offs_d, lo, hi, n_keys, qk_scale,
+                  z, h, offs_m, offs_d, lo, hi, n_keys, qk_scale,
                   CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TMA: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED tiles apply the causal and bounds
     masks; the others (fully visible, fully in bounds) skip every comparison."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = load_rows(k_base, offs_n, offs_d, stride_kn, stride_kd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        k = load_tile(k_base, z, h, start_n, offs_n, offs_d, stride_kn, stride_kd, n_keys, MASKED,
+                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
         qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
         if MASKED:
             s = qk * qk_scale
@@ -46,7 +47,8 @@ def fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride
         p = tl.math.exp2(s)  # (BLOCK_M, BLOCK_N) = exp(S - m) in base 2
         alpha = tl.math.exp2(m_i - m_new)  # rescales everything accumulated so far
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_base, offs_n, offs_d, stride_vn, stride_vd, n_keys, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        v = load_tile(v_base, z, h, start_n, offs_n, offs_d, stride_vn, stride_vd, n_keys, MASKED,
+                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, l_i, m_i
@@ -62,8 +64,9 @@ def flash_fwd_kernel(Q, K, V, O, L,
                      stride_oz, stride_oh, stride_on, stride_od,
                      n_heads, n_queries, n_keys, qk_scale,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (query tiles, batch * heads). O (Z, H, n_q, d); L (Z * H, n_q) fp32, natural log."""
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False):
+    """Grid (query tiles, batch * heads). O (Z, H, n_q, d); L (Z * H, n_q) fp32, natural log.
+    With TMA, Q, K, V are tensor descriptors (boxes of BLOCK_M rows for Q, BLOCK_N for K and V)."""
     n_tiles = tl.num_programs(0)
     n_bh = tl.num_programs(1)
     if CAUSAL:  # launch the longest programs (last query tiles, most keys) first
@@ -73,15 +76,21 @@ def flash_fwd_kernel(Q, K, V, O, L,
     else:
         tile = tl.program_id(0)
         bh = tl.program_id(1)
-    z = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
-    q_base = Q + z * stride_qz + h * stride_qh
-    k_base = K + z * stride_kz + h * stride_kh
-    v_base = V + z * stride_vz + h * stride_vh
+    zi = bh // n_heads
+    hi_ = bh % n_heads
+    z = zi.to(tl.int64)
+    h = hi_.to(tl.int64)
+    if TMA:  # descriptors of the whole tensors: nothing to offset
+        q_base, k_base, v_base = Q, K, V
+    else:
+        q_base = Q + z * stride_qz + h * stride_qh
+        k_base = K + z * stride_kz + h * stride_kh
+        v_base = V + z * stride_vz + h * stride_vh
 
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, n_queries, True, HEAD_DIM, HEAD_DIM_PAD)
+    q = load_tile(q_base, zi, hi_, tile * BLOCK_M, offs_m, offs_d, stride_qn, stride_qd, n_queries, True,
+                  HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
@@ -95,11 +104,11 @@ def flash_fwd_kernel(Q, K, V, O, L,
         hi = n_keys
         hi_full = n_keys // BLOCK_N * BLOCK_N
     acc, l_i, m_i = fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd,
-                                  stride_vn, stride_vd, offs_m, offs_d, 0, hi_full, n_keys, qk_scale,
-                                  CAUSAL, False, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD)
+                                  stride_vn, stride_vd, zi, hi_, offs_m, offs_d, 0, hi_full, n_keys, qk_scale,
+                                  CAUSAL, False, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, TMA)
     acc, l_i, m_i = fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd,
-                                  stride_vn, stride_vd, offs_m, offs_d, hi_full, hi, n_keys, qk_scale,
-                                  CAUSAL, True, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD)
+                                  stride_vn, stride_vd, zi, hi_, offs_m, offs_d, hi_full, hi, n_keys, qk_scale,
+                                  CAUSAL, True, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, TMA)
 
     row_ok = offs_m < n_queries
     tl.store(L + bh.to(tl.int64) * n_queries + offs_m, (m_i + tl.math.log2(l_i)) * LN2, mask=row_ok)

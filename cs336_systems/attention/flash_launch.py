@@ -13,7 +13,7 @@ from torch import Tensor
 
 from . import configs as cfgs
 from .configs import BwdConfig, FwdConfig
-from .triton_loader import kernels, next_power_of_2
+from .triton_loader import interpreting, kernels, next_power_of_2
 
 FWD = "cs336_systems.attention.flash_fwd_kernel"
 BWD = "cs336_systems.attention.flash_bwd_kernel"
@@ -47,11 +47,13 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, config: FwdConf
     o = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     grid = (_cdiv(n_q, c.block_m), Z * H)
+    tma = c.tma and tma_ok(q, k, v)
+    ins = _descriptors(q, k, v, None, c.block_m, c.block_n)[:3] if tma else (q, k, v)
     kernels(FWD).flash_fwd_kernel[grid](
-        q, k, v, o, L, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        *ins, o, L, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, n_q, n_k, _scales(d)[1],
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages)
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, TMA=tma, num_warps=c.num_warps, num_stages=c.num_stages)
     return o, L
 # --8<-- [end:launch_fwd]
 
@@ -64,6 +66,34 @@ def launch_preprocess(o: Tensor, do: Tensor, block_m: int = 64) -> Tensor:
         o, do, delta, *o.stride(), *do.stride(), H, n_q,
         HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)), BLOCK_M=block_m)
     return delta
+
+
+def tma_ok(*ts: Tensor) -> bool:
+    """Whether tensor descriptors can describe these (Z, H, N, d) tensors: a power-of-two head dim,
+    unit last stride, other strides and the base 16-byte aligned, on a Hopper or newer GPU (the
+    interpreter emulates them)."""
+    d = ts[0].shape[-1]
+    if d != next_power_of_2(max(d, 16)):
+        return False
+    if not interpreting() and not (ts[0].is_cuda and torch.cuda.get_device_capability(ts[0].device)[0] >= 9):
+        return False
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+               and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
+
+
+def _descriptors(q, k, v, do, rows_qdo: int, rows_kv: int) -> tuple:
+    """Descriptors of the whole 4-D tensors; a load fetches one (1, 1, rows, d) box."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    d = q.shape[-1]
+    return tuple(TensorDescriptor.from_tensor(t, [1, 1, rows, d]) if t is not None else None
+                 for t, rows in ((q, rows_qdo), (k, rows_kv), (v, rows_kv), (do, rows_qdo)))
+
+
+def _no_tail(n_q: int, is_causal: bool, block_m: int, block_n: int) -> bool:
+    """No dK/dV program has a ragged last query tile: the query tiles after the diagonal start on
+    a multiple of BLOCK_M and end exactly at n_q."""
+    return n_q % block_m == 0 and (not is_causal or block_n % block_m == 0)
 
 
 def _bwd_args(q, k, v, do, L, delta):
@@ -79,10 +109,13 @@ def launch_dkdv(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[T
     dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
     strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    tma = c.tma1 and tma_ok(q, k, v, do)
+    ins = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
     kernels(BWD).bwd_dkdv_kernel[(_cdiv(n_k, c.block_n1), Z * H)](
-        q, k, v, do, L, delta, dk, dv, *strides, *sizes,
+        *ins, L, delta, dk, dv, *strides, *sizes,
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
-        BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, num_warps=c.num_warps1, num_stages=c.num_stages1)
+        BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, TMA=tma, NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1),
+        num_warps=c.num_warps1, num_stages=c.num_stages1)
     return dk, dv
 
 
@@ -91,10 +124,12 @@ def launch_dq(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> Tensor:
     Z, H, n_q, n_k, d = _shape(q, k)
     dq = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    tma = c.tma2 and tma_ok(q, k, v, do)
+    ins = _descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma else (q, k, v, do)
     kernels(BWD).bwd_dq_kernel[(_cdiv(n_q, c.block_m2), Z * H)](
-        q, k, v, do, L, delta, dq, *strides, *sizes,
+        *ins, L, delta, dq, *strides, *sizes,
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
-        BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, num_warps=c.num_warps2, num_stages=c.num_stages2)
+        BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, TMA=tma, num_warps=c.num_warps2, num_stages=c.num_stages2)
     return dq
 
 
@@ -106,10 +141,15 @@ def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tu
     dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
     strides, sizes = _bwd_args(q, k, v, do, L, delta)
     n_kv_tiles, n_q_tiles = _cdiv(n_k, c.block_n1), _cdiv(n_q, c.block_m2)
+    ok = tma_ok(q, k, v, do)
+    tma1, tma2 = c.tma1 and ok, c.tma2 and ok
+    ins1 = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma1 else (q, k, v, do)
+    ins2 = _descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma2 else (q, k, v, do)
     kernels(BWD).bwd_fused_kernel[(n_kv_tiles + n_q_tiles, Z * H)](
-        q, k, v, do, L, delta, dq, dk, dv, *strides, *sizes, n_kv_tiles, n_q_tiles,
+        *ins1, L, delta, dq, dk, dv, *ins2, *strides, *sizes, n_kv_tiles, n_q_tiles,
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
         BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2, BLOCK_N2=c.block_n2,
+        TMA1=tma1, TMA2=tma2, NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1),
         num_warps=c.num_warps1, num_stages=c.num_stages1)
     return dq, dk, dv
 

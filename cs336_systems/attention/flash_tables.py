@@ -99,6 +99,19 @@ def roofline_facts() -> dict[str, float]:
 # -- tuning -------------------------------------------------------------------------------------
 
 def _tile(kernel: str, c: dict) -> str:
+    return _tiles(kernel, c) + _tma(kernel, c)
+
+
+def _tma(kernel: str, c: dict) -> str:
+    """Which passes load through TMA descriptors (rows from before the option have no such field)."""
+    passes = {"fwd": ["tma"], "dkdv": ["tma1"], "dq": ["tma2"], "fused": ["tma1", "tma2"]}.get(kernel, [])
+    on = [p for p in passes if c.get(p)]
+    if not on:
+        return ""
+    return ", TMA" if kernel != "fused" else ", TMA " + " + ".join({"tma1": "dK/dV", "tma2": "dQ"}[p] for p in on)
+
+
+def _tiles(kernel: str, c: dict) -> str:
     if kernel == "fwd":
         return f"{c['block_m']}x{c['block_n']}, {c['num_warps']} warps, {c['num_stages']} stages"
     if kernel == "dkdv":
@@ -125,12 +138,12 @@ def tuning_effect_rows() -> list[dict]:
     lb = _leaderboard_tuning()
     h_fwd, h_bwd = heuristic_fwd(torch.bfloat16, 64).__dict__, heuristic_bwd(torch.bfloat16, 64).__dict__
     rows = []
-    for kernel, fields in (("fwd", ("block_m", "block_n", "num_warps", "num_stages")),
-                           ("dkdv", ("block_m1", "block_n1", "num_warps1", "num_stages1")),
-                           ("dq", ("block_m2", "block_n2", "num_warps2", "num_stages2"))):
+    for kernel, fields in (("fwd", ("block_m", "block_n", "num_warps", "num_stages", "tma")),
+                           ("dkdv", ("block_m1", "block_n1", "num_warps1", "num_stages1", "tma1")),
+                           ("dq", ("block_m2", "block_n2", "num_warps2", "num_stages2", "tma2"))):
         sub = lb[lb.kernel == kernel]
         ref = h_fwd if kernel == "fwd" else h_bwd
-        start = sub[sub.config.map(lambda c: all(c[f] == ref[f] for f in fields))]
+        start = sub[sub.config.map(lambda c: all(c.get(f, False) == ref[f] for f in fields))]
         best = sub.loc[sub.ms.idxmin()]
         rows.append({"kernel": {"fwd": "forward", "dkdv": "dK/dV pass", "dq": "dQ pass"}[kernel],
                      "candidates": len(sub), "heuristic": _tile(kernel, start.iloc[0].config) if len(start) else "—",

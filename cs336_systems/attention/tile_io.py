@@ -2,6 +2,11 @@
 
 Kernel modules import these @triton.jit helpers; Triton inlines them into each kernel, so sharing
 the source changes nothing in the compiled code.
+
+Two ways to load a tile: pointer arithmetic (`load_rows`: every thread computes the addresses of
+its elements, masked where a tile can run past the tensor), or Hopper's tensor memory accelerator
+(`load_tile` with TMA: one descriptor of the whole (Z, H, N, d) tensor, the copy engine fetches the
+box and zero-fills rows past the end, and no thread spends registers on addresses).
 """
 
 import triton
@@ -24,6 +29,18 @@ def load_rows(base, offs_row, offs_d, stride_row, stride_d, n_rows,
         return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
         return tl.load(ptrs)
+
+
+@triton.jit
+def load_tile(src, z, h, start, offs_row, offs_d, stride_row, stride_d, n_rows, ROW_MASK: tl.constexpr,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
+    """Rows [start, start + BLOCK) of (batch z, head h): a (BLOCK, HEAD_DIM_PAD) tile. With TMA, `src`
+    is a descriptor of the 4-D tensor with box (1, 1, BLOCK, HEAD_DIM_PAD); otherwise it points at
+    row 0 of this (batch, head) and `offs_row` = start + arange(BLOCK)."""
+    if TMA:
+        return src.load([z, h, start, 0]).reshape(BLOCK, HEAD_DIM_PAD)
+    else:
+        return load_rows(src, offs_row, offs_d, stride_row, stride_d, n_rows, ROW_MASK, HEAD_DIM, HEAD_DIM_PAD)
 
 
 @triton.jit

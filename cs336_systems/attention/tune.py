@@ -22,7 +22,7 @@ import os
 import pprint
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from .configs import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd, table_k
 BENCH = "attention/flash_tune"
 TABLE_PATH = Path(__file__).with_name("tuned_configs.py")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+TMA = (False, True)  # tile loads by pointers, or by tensor descriptors (flash_launch.tma_ok decides if usable)
 DEVICE = "cuda"  # a dry run of the whole flow on the CPU interpreter sets "cpu" (tests do)
 
 
@@ -73,10 +74,10 @@ def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int
 # --8<-- [end:candidates]
 
 
-def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False) -> BwdConfig:
+def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False, tma1: bool = False, tma2: bool = False) -> BwdConfig:
     m1, n1, w1, s1 = dkdv
     m2, n2, w2, s2 = dq
-    return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused)
+    return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused, tma1=tma1, tma2=tma2)
 
 
 def onepass_from(c: tuple) -> BwdConfig:
@@ -201,9 +202,10 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
     for key, Z, N, d, dt, wide in shapes:
         dtype = DTYPES[dt]
         plans.append((key, Z, N, d, dt, wide, {
-            "fwd": fwd_candidates(dtype, d, wide),
-            "dkdv": [bwd_from(c, (64, 32, 4, 2)) for c in dkdv_candidates(dtype, d, wide)],
-            "dq": [bwd_from((32, 64, 4, 2), c) for c in dq_candidates(dtype, d, wide)],
+            "fwd": [replace(c, tma=t) for c in fwd_candidates(dtype, d, wide) for t in TMA],
+            # each tiling with pointer loads and with TMA descriptors (Hopper)
+            "dkdv": [bwd_from(c, (64, 32, 4, 2), tma1=t) for c in dkdv_candidates(dtype, d, wide) for t in TMA],
+            "dq": [bwd_from((32, 64, 4, 2), c, tma2=t) for c in dq_candidates(dtype, d, wide) for t in TMA],
             "onepass": [onepass_from(c) for c in onepass_candidates(dtype, d, wide)]}))
     jobs = [(kind, c, Z, N, d, dt) for _, Z, N, d, dt, _, cands in plans for kind, cs in cands.items() for c in cs]
     started = time.perf_counter()
@@ -218,7 +220,7 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
             write_table(store.rows(), str(Path(BENCH) / store.path.name))
         if best["dkdv"] and best["dq"]:
             fused = [BwdConfig(a.block_m1, a.block_n1, b.block_m2, b.block_n2, a.num_warps1, a.num_stages1,
-                               a.num_warps1, a.num_stages1, True)
+                               a.num_warps1, a.num_stages1, True, tma1=a.tma1, tma2=b.tma2)
                      for (_, a), (_, b) in itertools.product(best["dkdv"][:2], best["dq"][:2])]
             fused_plans.append((key, Z, N, d, dt, wide, fused))
     jobs = [("fused", c, Z, N, d, dt) for _, Z, N, d, dt, _, cs in fused_plans for c in cs]
@@ -251,8 +253,8 @@ def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
             table["fwd"][key] = best[(key, "fwd")][1]
         if (key, "dkdv") in best and (key, "dq") in best:
             (t1, c1), (t2, c2) = best[(key, "dkdv")], best[(key, "dq")]
-            t, bwd = t1 + t2, {**c1, **{k: c2[k] for k in ("block_m2", "block_n2", "num_warps2", "num_stages2")},
-                               "fused": False}
+            dq_fields = ("block_m2", "block_n2", "num_warps2", "num_stages2", "tma2")
+            t, bwd = t1 + t2, {**c1, **{k: c2[k] for k in dq_fields if k in c2}, "fused": False}
             for kind in ("fused", "onepass"):
                 if (key, kind) in best and best[(key, kind)][0] < t:
                     t, bwd = best[(key, kind)]
