@@ -332,10 +332,11 @@ def test_oom_note_says_not_measured_until_the_checks_have_rows(tmp_path, monkeyp
 
     monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
     assert oom_note.oom_check_rows() is None
+    assert oom_note.oom_status(None) == "untested"
     assert "neither is measured yet" in oom_note.oom_checks_note()
 
 
-@pytest.mark.parametrize("split_runs, verdict", [(True, "agree with the hypothesis"),
+@pytest.mark.parametrize("split_runs, verdict", [(True, "checks agree with the hypothesis"),
                                                  (False, "does not explain the OOM")])
 def test_oom_note_reports_each_check_and_its_verdict(tmp_path, monkeypatch, split_runs, verdict):
     from cs336_systems import report
@@ -344,10 +345,43 @@ def test_oom_note_reports_each_check_and_its_verdict(tmp_path, monkeypatch, spli
     monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
     _oom_rows(tmp_path, split_runs)
     note = oom_note.oom_checks_note()
+    assert oom_note.oom_status(oom_note.oom_check_rows()) == ("confirmed" if split_runs else "refuted")
     assert "not measured" not in note and verdict in note
     assert "seq 16,384 with the default allocator: **ran**; peak allocated 4.00 score matrices, peak reserved 5.00" in note
     assert "seq 32,768 with the default allocator: **out of memory** in iteration 1" in note
     assert "tried to allocate 32.0 GiB" in note
+
+
+# ---- the mixed-precision chapter's re-measured timing cells -----------------------------------------
+
+def test_remeasured_rows_pair_each_cells_first_and_newest_run_with_the_newest_clock_record(tmp_path, monkeypatch):
+    import json
+
+    from cs336_systems import report
+    from cs336_systems.bench.store import results_path
+    from cs336_systems.profiling.remeasured import remeasured_rows, remeasured_table
+
+    monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
+    cell = {"schema": "cs336-results/1", "bench": "end-to-end/timings", "size": "xl", "mode": "forward",
+            "dtype": "bf16", "status": "ok"}
+    samples = [[0.25, 1980.0, 1980.0, 300.0, 40.0], [0.5, 1800.0, 1980.0, 650.0, 41.0]]
+    rows = [{**cell, "mean_ms": 50.0, "std_ms": 1.0, "times_ms": [50.0] * 10, "time_utc": "2026-01-01T00:00:00Z"},
+            {**cell, "size": "small", "mean_ms": 9.0, "std_ms": 1.0, "times_ms": [9.0] * 10,
+             "time_utc": "2026-01-01T00:00:00Z"},  # measured once: not re-measured
+            {**cell, "mean_ms": 75.0, "std_ms": 2.0, "times_ms": [75.0] * 10, "clock_samples": samples,
+             "time_utc": "2026-01-02T00:00:00Z"},
+            {**cell, "mean_ms": 60.0, "std_ms": 2.0, "times_ms": [60.0] * 10, "time_utc": "2026-01-01T12:00:00Z"}]
+    path = results_path("end-to-end/timings", "nvidia-h200", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = remeasured_rows()
+    assert len(r) == 1
+    row = r.iloc[0]
+    assert (row["size"], row.first_ms, row.new_ms) == ("xl", 50.0, 75.0)  # by time, not by file order
+    assert row.change == pytest.approx(0.5)
+    assert (row.samples, row.sm_min, row.sm_max, row.sm_top, row.w_min, row.w_max) == (2, 1800, 1980, 1980, 300, 650)
+    table = remeasured_table()
+    assert "| xl | forward | bf16 | 50.0 ± 1.0 | 75.0 ± 2.0 | +50% | 1800-1980 | 300-650 | 2 |" in table
 
 
 # ---- the profiling chapter's note on the double count, before and after the re-run ---------------
@@ -363,6 +397,11 @@ def test_attribution_note_follows_the_rows_from_marked_cells_to_rechecked_ones(t
 
     src = report.RESULTS_ROOT / "profiling"
     shutil.copytree(src, tmp_path / "profiling")
+    for bench in ("kernel_cells", "kernels"):  # keep the rows of the first attribution only
+        path = tmp_path / "profiling" / bench / "nvidia-h200.jsonl"
+        rows = [line for line in path.read_text().splitlines()
+                if "attribution" not in json.loads(line) and "cell_run" not in json.loads(line)]
+        path.write_text("\n".join(rows) + "\n")
     monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
     before = attribution_note()
     assert "Cells marked †" in before and "No cell has been profiled with the fix yet" in before
@@ -392,6 +431,7 @@ def test_attribution_note_follows_the_rows_from_marked_cells_to_rechecked_ones(t
     assert "Cells marked †" not in after and "†" not in tables.phase_table()
     assert f"Profiled again with the fix** ({len(marked)} of" in after and "every self-check passed" in after
     assert "came from ops listed twice" in after and "+5.0% in the forward" in after
+    assert "The cells once marked †, first run -> re-run" in after
     k = tables.kernel_rows()
     size, ctx = marked[0]
     assert set(k[(k["size"] == size) & (k["context"] == ctx)]["kernel"]) == {"sm90_xmma_gemm"}  # no old rows mixed in

@@ -3,8 +3,9 @@
 Three cells of the first H200 run attributed more kernel time to a phase than the phase lasted;
 kernel_attribution.py now counts each device kernel once. This note says which cells are still rows
 of the first attribution (marked †), what the data shows about the duplicates, and, for cells profiled
-again, what the self-check columns found. It reads whatever rows exist, so the page is right before
-and after the re-run.
+again, what the self-check columns found, which of the duplication patterns the traces held, and how
+the cells once marked compare with their re-run. It reads whatever rows exist, so the page is right
+before, during and after the re-run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pandas as pd
 
 from cs336_systems.model import TransformerLM, get_config
 
+from .kernel_attribution import RANGE_TOLERANCE
 from .tables import _latest, _ok, counted_once, kernel_cells, kernel_rows, overcounted
 
 NAMES = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"}
@@ -54,6 +56,33 @@ def first_run_silu_surplus() -> list[tuple[str, int, int, int]]:
         if g["calls"].sum() > layers:
             out.append((size, int(ctx), int(g["calls"].sum()), layers))
     return sorted(out, key=lambda t: (t[0], t[1]))
+
+
+def first_run_cells() -> pd.DataFrame:
+    """The newest row per cell among the rows of the first attribution (no `attribution` field)."""
+    c = _ok("profiling/kernel_cells")
+    if "attribution" in c:
+        c = c[c["attribution"].isna()]
+    return _latest(c, ["size", "context"])
+
+
+def count_checks(cells: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Cells (as 'size at ctx') whose kernel rows list a different number of forward SiLU launches than
+    the model has layers, and of optimizer addcdiv launches than it has parameter tensors: launches
+    each of them makes exactly once per layer / per tensor, so a kernel counted twice shows here even
+    when it fits into idle time."""
+    k = kernel_rows()
+    silu, addcdiv = [], []
+    for _, r in cells.iterrows():
+        kk = k[(k["size"] == r["size"]) & (k["context"] == r.context)]
+        name = f"{r['size']} at {r.context}"
+        fwd = kk[(kk["phase"] == "forward") & kk["kernel"].str.contains("silu_kernel")]["calls"].sum()
+        opt = kk[(kk["phase"] == "optimizer") & kk["kernel"].str.contains("addcdiv")]["calls"].sum()
+        if fwd != get_config(r["size"]).num_layers:
+            silu.append(name)
+        if opt != parameter_tensors(r["size"]):
+            addcdiv.append(name)
+    return silu, addcdiv
 
 
 def _marked(bad: list) -> str:
@@ -99,13 +128,25 @@ def attribution_note() -> str:
             "that appears twice in the event list, or an unrelated event whose id happens to be the same "
             "number (CUDA runtime calls made outside any op carry CUPTI's ids, ops carry torch's), receives "
             "the kernel twice.")
+    first = first_run_cells()
+    was = [(r, overcounted(r)) for _, r in first.iterrows() if overcounted(r)]
+    if was and not bad:
+        text += (" In our first H200 run this put more kernel time into a phase than the phase lasted in "
+                 + str(len(was)) + " cells (kernels / range: "
+                 + "; ".join(f"{r['size']} at context {r.context}: " + ", ".join(
+                     f"{NAMES[p]} {r[p + '_kernel_ms'] / r[p + '_range_ms']:.2f}" for p in ps) for r, ps in was)
+                 + "), which the tables marked †.")
     silu = first_run_silu_surplus()
+    found = _cause(new)
     if silu:
-        text += (" The first run's rows point at the first kind: the surplus launches are kernels of the same "
-                 "ops in the same phase and region, for instance the forward's SiLU ("
+        text += (" The first run's rows " + ("seemed to point at" if found and found != ["ops listed twice"]
+                                             else "point at")
+                 + " the first kind: the surplus launches are kernels of the same ops in the same phase and "
+                 "region, for instance the forward's SiLU ("
                  + "; ".join(f"{s} at {ctx}: {n} launches for {L} layers" for s, ctx, n, L in silu)
-                 + "), where a colliding id would have pulled in kernels of unrelated ops, such as the "
-                 "backward's `silu_backward`.")
+                 + (")." if found and found != ["ops listed twice"] else
+                    "), where a colliding id would have pulled in kernels of unrelated ops, such as the "
+                    "backward's `silu_backward`."))
     if hidden:
         text += (" The kernels-within-the-wall-time check cannot see duplicates that fit into idle time; "
                  "the optimizer can, "
@@ -123,12 +164,22 @@ def attribution_note() -> str:
         out.append("No cell has been profiled with the fix yet: every row above is from the first attribution "
                    "(the re-run is `just bench kernels --redo-stale`).")
     else:
-        out.append(_rerun(new, len(c)))
+        out.append(_rerun(new, len(c), was))
     return "\n\n".join(out)
 
 
-def _rerun(new: pd.DataFrame, total: int) -> str:
-    names = ", ".join(f"{r['size']} at {r.context}" for _, r in new.iterrows())
+def _cause(new: pd.DataFrame) -> list[str]:
+    """Which duplication patterns the re-profiled cells' traces held."""
+    if new.empty:
+        return []
+    counts = (("ops listed twice", "copied_host_events"), ("colliding ids", "colliding_host_ids"),
+              ("device events listed twice", "repeated_device_events"))
+    return [name for name, col in counts if int(new[col].sum())]
+
+
+def _rerun(new: pd.DataFrame, total: int, was: list) -> str:
+    names = (f"all {total} cells" if len(new) == total else
+             f"{len(new)} of {total} cells: " + ", ".join(f"{r['size']} at {r.context}" for _, r in new.iterrows()))
     ratio = max(r[f"{p}_kernel_ms"] / r[f"{p}_range_ms"] for _, r in new.iterrows() for p in NAMES)
     failed = [f"{r['size']} at {r.context}" for _, r in new.iterrows() if not r.get("check_ok")]
     excess = {p: max((r[f"{p}_appended_ms"] or 0) / r[f"{p}_kernel_ms"] - 1 for _, r in new.iterrows())
@@ -136,15 +187,49 @@ def _rerun(new: pd.DataFrame, total: int) -> str:
     copies, collisions = int(new["copied_host_events"].sum()), int(new["colliding_host_ids"].sum())
     repeats = int(new["repeated_device_events"].sum())
     fallback = int(new["launch_by_op"].sum() + new["placed_by_gpu_time"].sum())
-    causes = [c for c, n in (("ops listed twice", copies), ("colliding ids", collisions),
-                             ("device events listed twice", repeats)) if n]
-    return (f"**Profiled again with the fix** ({len(new)} of {total} cells: {names}). The largest kernels / "
-            f"range ratio among their phases is {ratio:.3f}; "
-            + (f"the self-check failed for {', '.join(failed)}. " if failed else "every self-check passed. ")
-            + "In the same runs, summing torch's per-op lists (the old way) would have reported up to "
-            + ", ".join(f"{excess[p]:+.1%} in the {NAMES[p]}" for p in NAMES)
-            + f". The traces held {copies} copies of CPU events, {collisions} colliding CPU ids and {repeats} "
-            f"repeated device events"
-            + (f", so the double count came from {' and '.join(causes)}" if causes else
-               ": none of the patterns recurred in these runs, so they do not show which one it was")
-            + f". {fallback} kernels had no launch record and were placed by their op or their GPU time.")
+    causes = _cause(new)
+    over = new[[max((r[f"{p}_appended_ms"] or 0) / r[f"{p}_kernel_ms"] for p in NAMES) > 1 + RANGE_TOLERANCE
+                for _, r in new.iterrows()]]
+    out = (f"**Profiled again with the fix** ({names}). The largest kernels / "
+           f"range ratio among their phases is {ratio:.3f}; "
+           + (f"the self-check failed for {', '.join(failed)}. " if failed else
+              "every self-check passed" + (" (kernels within each phase's wall time, no device event listed "
+                                           "twice, no overlapping kernels on a stream), so no cell is marked † "
+                                           "and none is left out of the ranges quoted in this chapter. "
+                                           if len(new) == total else ". "))
+           + "In the same runs, summing torch's per-op lists (the old way) would have reported up to "
+           + ", ".join(f"{excess[p]:+.1%} in the {NAMES[p]}" for p in NAMES)
+           + f". The traces held {copies} copies of CPU events, {collisions} colliding CPU ids and {repeats} "
+           f"repeated device events"
+           + (f", so in these runs the double count came from {' and '.join(causes)}" if causes else
+              ": none of the patterns recurred in these runs, so they do not show which one it was")
+           + f". {fallback} kernels had no launch record and were placed by their op or their GPU time.")
+    if causes == ["colliding ids"] and not over.empty:
+        quiet = new.drop(over.index)
+        out += (f" The old sum exceeds the unique count in {len(over)} cells ("
+                + ", ".join(f"{r['size']} at {r.context}" for _, r in over.iterrows())
+                + f"), whose traces hold {int(over['colliding_host_ids'].min())} to "
+                f"{int(over['colliding_host_ids'].max())} colliding ids"
+                + (f"; the other cells hold {int(quiet['colliding_host_ids'].min())} to "
+                   f"{int(quiet['colliding_host_ids'].max())} (a collision duplicates nothing when no kernel "
+                   f"is linked to the shared id)" if not quiet.empty else "")
+                + ". So the first run's same-op surplus did not tell the two kinds apart: a colliding id "
+                "duplicates the kernel of the op whose id it shares, so the duplicate keeps that op's "
+                "kernel name.")
+    silu, addcdiv = count_checks(new)
+    out += (" A count that needs no wall time: "
+            + ("every re-profiled cell" if not silu else
+               "every re-profiled cell but " + ", ".join(silu)) + " lists exactly one forward SiLU launch "
+            "per layer, and " + ("every one" if not addcdiv else "all but " + ", ".join(addcdiv))
+            + " exactly one optimizer `addcdiv` launch per parameter tensor.")
+    again = []
+    for r, ps in was:
+        hit = new[(new["size"] == r["size"]) & (new["context"] == r.context)]
+        if not hit.empty:
+            n = hit.iloc[-1]
+            again.append(f"{r['size']} at {r.context}, " + ", ".join(
+                f"{NAMES[p]} {r[p + '_kernel_ms']:.1f} -> {n[p + '_kernel_ms']:.1f} ms of kernels in a "
+                f"{n[p + '_range_ms']:.1f} ms range" for p in ps))
+    if again:
+        out += " The cells once marked †, first run -> re-run: " + "; ".join(again) + "."
+    return out

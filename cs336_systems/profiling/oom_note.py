@@ -1,8 +1,9 @@
-"""The attention chapter's open OOM question and its two checks, computed from results/ at build time.
+"""The attention chapter's seq-32,768 OOM question and its two checks, computed from results/ at build time.
 
 Before `just bench attention-oom` has run on the H200 the note states the hypothesis and says the
 checks are not measured yet; once results/attention/oom_checks/nvidia-h200.jsonl exists it reports
-what each check found and what that means for the hypothesis. Either way nothing is typed.
+what each check found, in score matrices and GiB, and `oom_status` says what that means for the
+hypothesis (the page titles its block by it). Either way nothing is typed.
 """
 
 from __future__ import annotations
@@ -63,29 +64,68 @@ def _describe(r, seq: int, conf: str) -> str:
     return f"seq {seq:,} with {setting}: **out of memory** in iteration {int(r['oom_iteration']) + 1}{at}{msg}"
 
 
-def oom_check_verdict(df: pd.DataFrame) -> str:
-    """One paragraph: what the checks that ran say about the stranded-block hypothesis."""
+def oom_status(df: pd.DataFrame | None) -> str:
+    """'untested' (no rows), 'confirmed', 'refuted' or 'unsettled': what the checks say about the
+    stranded-block hypothesis. Confirmed needs both: a fifth score matrix reserved at seq 16,384 with
+    the default allocator, and seq 32,768 running once large blocks may not be split."""
+    if df is None or df.empty:
+        return "untested"
     a, b = _cell(df, 16384, DEFAULT), _cell(df, 32768, SPLIT)
+    if b is not None and b["status"] == "oom":
+        return "refuted"
+    if (a is not None and a["status"] == "ok" and _peaks(a, 16384)[1] >= NEAR_FIVE
+            and b is not None and b["status"] == "ok"):
+        return "confirmed"
+    return "unsettled"
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:.1f} GiB"
+
+
+def oom_check_verdict(df: pd.DataFrame) -> str:
+    """One paragraph: what the checks that ran say about the stranded-block hypothesis, in GiB."""
+    a, a2 = _cell(df, 16384, DEFAULT), _cell(df, 16384, SPLIT)
+    o, b = _cell(df, 32768, DEFAULT), _cell(df, 32768, SPLIT)
+    mat16 = attention_memory(8, 16384, 64)["one_score_matrix"] / MiB
+    need = attention_memory(8, 32768, 64)["backward_peak"] / MiB
     said = []
     if a is not None and a["status"] == "ok":
         alloc, reserved = _peaks(a, 16384)
         near = reserved >= NEAR_FIVE
-        said.append(f"at seq 16,384 the reserved peak is {reserved:.2f} score matrices against {alloc:.2f} "
-                    f"allocated, {'about one block more, as' if near else 'not the fifth block'} the "
-                    f"hypothesis predicts{'' if near else 's'}")
+        s = (f"at seq 16,384 the default allocator reserves {reserved:.2f} score matrices "
+             f"({_gib(a['peak_reserved_mib'])}) for a peak of {alloc:.2f} allocated "
+             f"({_gib(a['peak_allocated_mib'])}), {'about one block more, as' if near else 'not the fifth block'} "
+             f"the hypothesis predicts{'' if near else 's'}")
+        if a2 is not None and a2["status"] == "ok":
+            saved = a["peak_reserved_mib"] - a2["peak_reserved_mib"]
+            s += (f"; with large blocks unsplittable the reserve falls to {_peaks(a2, 16384)[1]:.2f} "
+                  f"({_gib(a2['peak_reserved_mib'])}), {_gib(saved)} less, {saved / mat16:.2f} of a score matrix")
+        said.append(s)
+    if o is not None and o["status"] == "oom" and o.get("tried_mib") is not None and not pd.isna(o.get("tried_mib")):
+        mat32 = attention_memory(8, 32768, 64)["one_score_matrix"] / MiB
+        said.append(f"at seq 32,768 the default allocator fails asking for {_gib(o['tried_mib'])} while it holds "
+                    f"{_gib(o['reserved_unallocated_mib'])} reserved but unallocated "
+                    f"({o['reserved_unallocated_mib'] / mat32:.2f} of a score matrix: the stranded block)")
     if b is not None:
-        said.append("seq 32,768 runs once the allocator may not split large blocks" if b["status"] == "ok"
-                    else "seq 32,768 runs out of memory even when the allocator may not split large blocks")
+        if b["status"] == "ok":
+            cap = o.get("capacity_mib") if o is not None else None
+            room = (f", leaving {_gib(cap - b['peak_reserved_mib'])} of the card's {_gib(cap)}"
+                    if cap is not None and not pd.isna(cap) else "")
+            said.append(f"with large blocks unsplittable seq 32,768 runs: peak allocated "
+                        f"{_gib(b['peak_allocated_mib'])} (the hand count: {_gib(need)}), reserved "
+                        f"{_gib(b['peak_reserved_mib'])}{room}")
+        else:
+            said.append("seq 32,768 runs out of memory even when the allocator may not split large blocks")
     if not said:
         return "The checks that would settle it have not produced a result yet."
-    holds = (a is not None and a["status"] == "ok" and _peaks(a, 16384)[1] >= NEAR_FIVE
-             and b is not None and b["status"] == "ok")
-    fails = b is not None and b["status"] == "oom"
-    verdict = ("Both agree with the hypothesis: a score-sized block is stranded by a small allocation carved "
-               "out of it, and the boundary measured with the default settings is the allocator's, not the "
-               "algorithm's." if holds else
+    status = oom_status(df)
+    verdict = ("Both checks agree with the hypothesis: a score-sized block is stranded by a small allocation "
+               "carved out of it, and the boundary measured with the default settings (above seq 16,384, "
+               "below 32,768) is the allocator's, not the algorithm's; the hand count of four score "
+               "matrices was right." if status == "confirmed" else
                "So the hypothesis does not explain the OOM: something else needs the extra memory (the "
-               "allocator's message above says how much it wanted)." if fails else
+               "allocator's message above says how much it wanted)." if status == "refuted" else
                "The two checks do not settle it between them.")
     return "Measured: " + "; ".join(said) + ". " + verdict
 

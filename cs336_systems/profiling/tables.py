@@ -41,9 +41,12 @@ def pm(mean: float, std: float) -> str:
     return f"{mean:.1f} ± {std:.1f}"
 
 
-def _done(df: pd.DataFrame, bench: str, floatfmt: str = ".3g", formats: dict | None = None) -> str:
+def _done(df: pd.DataFrame, bench: str, floatfmt: str = ".3g", formats: dict | None = None,
+          used: pd.DataFrame | None = None) -> str:
+    """The table plus its provenance line: of `used` (the rows the table shows, where it picks one
+    run per cell), else of the whole results file."""
     return (markdown_table(df, floatfmt=floatfmt, formats=formats) + "\n\n"
-            + provenance_line(load_results(bench), SRC.format(bench)))
+            + provenance_line(used if used is not None else load_results(bench), SRC.format(bench)))
 
 
 def value(bench: str, column: str, **where) -> float:
@@ -72,7 +75,7 @@ def e2e_table(dtype: str = "fp32") -> str:
                     "train step ms": pm(t.mean_ms, t.std_ms),
                     "bwd / fwd": (b.mean_ms - f.mean_ms) / f.mean_ms,
                     "MFU fwd+bwd": f"{b.mfu:.0%}", "peak GiB (train)": t.peak_mem_gib})
-    return _done(pd.DataFrame(out), "end-to-end/timings")
+    return _done(pd.DataFrame(out), "end-to-end/timings", used=df)
 
 
 def precision_table() -> str:
@@ -89,7 +92,7 @@ def precision_table() -> str:
                         "bf16 ms": pm(b.mean_ms, b.std_ms), "speed-up": a.mean_ms / b.mean_ms,
                         "fp32 TFLOP/s": a.tflops, "bf16 TFLOP/s": b.tflops,
                         "MFU fp32": f"{a.mfu:.0%}", "MFU bf16": f"{b.mfu:.0%}"})
-    return _done(pd.DataFrame(out), "end-to-end/timings")
+    return _done(pd.DataFrame(out), "end-to-end/timings", used=df)
 
 
 def warmup_table() -> str:
@@ -163,7 +166,7 @@ def compile_table() -> str:
                         "compiled ms": pm(c.mean_ms, c.std_ms), "speed-up": e.mean_ms / c.mean_ms,
                         "first compiled step s": c.first_step_ms / 1e3,
                         "MFU eager": f"{e.mfu:.0%}", "MFU compiled": f"{c.mfu:.0%}"})
-    return _done(pd.DataFrame(out), "end-to-end/compile")
+    return _done(pd.DataFrame(out), "end-to-end/compile", used=df)
 
 
 # ---- nsys_profile, answered with torch.profiler -----------------------------------------------
@@ -211,8 +214,8 @@ OVERCOUNT_MARK = " †"
 
 def phase_table() -> str:
     """(a) and (d): per cell, profiler vs Python timer, and the matmul share per phase."""
-    out = []
-    for _, r in kernel_cells().iterrows():
+    out, cells = [], kernel_cells()
+    for _, r in cells.iterrows():
         step = r.fwd_kernel_ms + r.bwd_kernel_ms + r.opt_kernel_ms
         mm = (r.fwd_kernel_ms * r.fwd_matmul_share + r.bwd_kernel_ms * r.bwd_matmul_share)
         out.append({"size": r["size"] + (OVERCOUNT_MARK if overcounted(r) else ""), "ctx": r.context,
@@ -222,7 +225,7 @@ def phase_table() -> str:
                     "matmul share fwd": f"{r.fwd_matmul_share:.0%}",
                     "fwd+bwd": f"{mm / (r.fwd_kernel_ms + r.bwd_kernel_ms):.0%}",
                     "whole step": f"{mm / step:.0%}", "optimizer ms": r.opt_kernel_ms})
-    return _done(pd.DataFrame(out), "profiling/kernel_cells")
+    return _done(pd.DataFrame(out), "profiling/kernel_cells", used=cells)
 
 
 def top_kernel_table(context: int = 512) -> str:
@@ -236,7 +239,7 @@ def top_kernel_table(context: int = 512) -> str:
                     "ms": r.fwd_top_ms, "share": f"{r.fwd_top_ms / r.fwd_kernel_ms:.0%}",
                     "backward: top kernel": f"`{short_name(r.bwd_top_kernel, 48)}`", "calls ": r.bwd_top_calls,
                     "ms ": r.bwd_top_ms})
-    return _done(pd.DataFrame(out), "profiling/kernel_cells")
+    return _done(pd.DataFrame(out), "profiling/kernel_cells", used=c)
 
 
 def kernel_list(size: str, context: int, phase: str, n: int = 10, matmul: bool | None = None) -> str:
@@ -251,7 +254,7 @@ def kernel_list(size: str, context: int, phase: str, n: int = 10, matmul: bool |
     g = g.sort_values("ms", ascending=False).head(n)
     g["share of phase"] = (g["ms"] / total).map(lambda x: f"{x:.1%}")
     g["kernel"] = g["kernel"].map(lambda s: f"`{short_name(s, 70)}`")
-    return _done(g[["kernel", "calls", "ms", "share of phase", "matmul"]], "profiling/kernels")
+    return _done(g[["kernel", "calls", "ms", "share of phase", "matmul"]], "profiling/kernels", used=k)
 
 
 def attention_region_rows() -> pd.DataFrame:
@@ -282,7 +285,7 @@ def attention_regions_table() -> str:
         "scores (QKᵀ, scale) ms": r.scores_ms, "softmax (mask, softmax) ms": r.softmax_ms,
         "output (PV) ms": r.output_ms, "softmax / matmul time": r.time_ratio,
         "softmax / matmul FLOPs": r.flop_ratio, "time ratio / FLOP ratio": r.per_flop}), axis=1)
-    return _done(out, "profiling/kernel_cells")
+    return _done(out, "profiling/kernel_cells", used=kernel_cells())
 
 
 # ---- memory_profiling --------------------------------------------------------------------------
