@@ -31,6 +31,7 @@ def load_rows(base, offs_row, offs_d, stride_row, stride_d, n_rows,
         return tl.load(ptrs)
 
 
+# --8<-- [start:load_tile]
 @triton.jit
 def load_tile(src, z, h, start, offs_row, offs_d, stride_row, stride_d, n_rows, ROW_MASK: tl.constexpr,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK: tl.constexpr, TMA: tl.constexpr):
@@ -41,6 +42,7 @@ def load_tile(src, z, h, start, offs_row, offs_d, stride_row, stride_d, n_rows, 
         return src.load([z, h, start, 0]).reshape(BLOCK, HEAD_DIM_PAD)
     else:
         return load_rows(src, offs_row, offs_d, stride_row, stride_d, n_rows, ROW_MASK, HEAD_DIM, HEAD_DIM_PAD)
+# --8<-- [end:load_tile]
 
 
 @triton.jit
