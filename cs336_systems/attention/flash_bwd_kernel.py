@@ -18,7 +18,7 @@ Do not import this module directly: `triton_loader.kernels(__name__)` loads it f
 import triton
 import triton.language as tl
 
-from .tile_io import LOG2E, load_rows, load_tile, store_rows
+from .tile_io import LOG2E, head_base, load_rows, load_tile, store_rows
 
 
 @triton.jit
@@ -90,13 +90,10 @@ def dkdv_program(tile, bh, Q, K, V, DO, L, Delta, DK, DV,
     h = hi.to(tl.int64)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    if TMA:  # descriptors of the whole tensors: nothing to offset
-        k_base, v_base, q_base, do_base = K, V, Q, DO
-    else:
-        k_base = K + z * stride_kz + h * stride_kh
-        v_base = V + z * stride_vz + h * stride_vh
-        q_base = Q + z * stride_qz + h * stride_qh
-        do_base = DO + z * stride_dz + h * stride_dh
+    k_base = head_base(K, z, h, stride_kz, stride_kh, TMA)
+    v_base = head_base(V, z, h, stride_vz, stride_vh, TMA)
+    q_base = head_base(Q, z, h, stride_qz, stride_qh, TMA)
+    do_base = head_base(DO, z, h, stride_dz, stride_dh, TMA)
     k = load_tile(k_base, zi, hi, tile * BLOCK_N, offs_n, offs_d, stride_kn, stride_kd, n_keys, True,
                   HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
     v = load_tile(v_base, zi, hi, tile * BLOCK_N, offs_n, offs_d, stride_vn, stride_vd, n_keys, True,
@@ -172,13 +169,10 @@ def dq_program(tile, bh, Q, K, V, DO, L, Delta, DQ,
     h = hi.to(tl.int64)
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    if TMA:  # descriptors of the whole tensors: nothing to offset
-        q_base, do_base, k_base, v_base = Q, DO, K, V
-    else:
-        q_base = Q + z * stride_qz + h * stride_qh
-        do_base = DO + z * stride_dz + h * stride_dh
-        k_base = K + z * stride_kz + h * stride_kh
-        v_base = V + z * stride_vz + h * stride_vh
+    q_base = head_base(Q, z, h, stride_qz, stride_qh, TMA)
+    do_base = head_base(DO, z, h, stride_dz, stride_dh, TMA)
+    k_base = head_base(K, z, h, stride_kz, stride_kh, TMA)
+    v_base = head_base(V, z, h, stride_vz, stride_vh, TMA)
     q = load_tile(q_base, zi, hi, tile * BLOCK_M, offs_m, offs_d, stride_qn, stride_qd, n_queries, True,
                   HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
     do = load_tile(do_base, zi, hi, tile * BLOCK_M, offs_m, offs_d, stride_dn, stride_dd, n_queries, True,

@@ -14,7 +14,7 @@ mode (GPU or interpreter).
 import triton
 import triton.language as tl
 
-from .tile_io import LOG2E, load_rows, load_tile
+from .tile_io import LOG2E, head_base, load_tile
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 MASK_LOG2: tl.constexpr = tl.constexpr(-1.0e6 * 1.4426950408889634)  # the course's -1e6, in base 2
@@ -80,12 +80,9 @@ def flash_fwd_kernel(Q, K, V, O, L,
     hi_ = bh % n_heads
     z = zi.to(tl.int64)
     h = hi_.to(tl.int64)
-    if TMA:  # descriptors of the whole tensors: nothing to offset
-        q_base, k_base, v_base = Q, K, V
-    else:
-        q_base = Q + z * stride_qz + h * stride_qh
-        k_base = K + z * stride_kz + h * stride_kh
-        v_base = V + z * stride_vz + h * stride_vh
+    q_base = head_base(Q, z, h, stride_qz, stride_qh, TMA)
+    k_base = head_base(K, z, h, stride_kz, stride_kh, TMA)
+    v_base = head_base(V, z, h, stride_vz, stride_vh, TMA)
 
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)

@@ -31,6 +31,16 @@ def load_rows(base, offs_row, offs_d, stride_row, stride_d, n_rows,
         return tl.load(ptrs)
 
 
+@triton.jit
+def head_base(T, z, h, stride_z, stride_h, TMA: tl.constexpr):
+    """What a tile load of (batch z, head h) starts from: with TMA the descriptor of the whole tensor
+    (the load names z and h), else the pointer to that head's row 0."""
+    if TMA:
+        return T
+    else:
+        return T + z * stride_z + h * stride_h
+
+
 # --8<-- [start:load_tile]
 @triton.jit
 def load_tile(src, z, h, start, offs_row, offs_d, stride_row, stride_d, n_rows, ROW_MASK: tl.constexpr,
