@@ -141,7 +141,7 @@ def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tu
     dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
     strides, sizes = _bwd_args(q, k, v, do, L, delta)
     n_kv_tiles, n_q_tiles = _cdiv(n_k, c.block_n1), _cdiv(n_q, c.block_m2)
-    ok = tma_ok(q, k, v, do)
+    ok = (c.tma1 or c.tma2) and tma_ok(q, k, v, do)  # checked only when asked for: it is on every call's path
     tma1, tma2 = c.tma1 and ok, c.tma2 and ok
     ins1 = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma1 else (q, k, v, do)
     ins2 = _descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma2 else (q, k, v, do)
