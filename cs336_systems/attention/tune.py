@@ -219,9 +219,13 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
         if write:
             write_table(store.rows(), str(Path(BENCH) / store.path.name))
         if best["dkdv"] and best["dq"]:
+            # One launch takes the larger shared memory and register count of its two programs, so
+            # besides the two fastest dQ tiles try the fastest small one (lets more programs share an SM).
+            dq_pool = [b for _, b in best["dq"][:2]]
+            dq_pool += [b for _, b in best["dq"] if b.block_m2 <= 64 and b not in dq_pool][:1]
             fused = [BwdConfig(a.block_m1, a.block_n1, b.block_m2, b.block_n2, a.num_warps1, a.num_stages1,
                                a.num_warps1, a.num_stages1, True, tma1=a.tma1, tma2=b.tma2)
-                     for (_, a), (_, b) in itertools.product(best["dkdv"][:2], best["dq"][:2])]
+                     for (_, a), b in itertools.product(best["dkdv"][:2], dq_pool)]
             fused_plans.append((key, Z, N, d, dt, wide, fused))
     jobs = [("fused", c, Z, N, d, dt) for _, Z, N, d, dt, _, cs in fused_plans for c in cs]
     errors = precompile(pool, jobs)
