@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaderboard-args", default="")
     ap.add_argument("--sweep-args", default="")
     ap.add_argument("--pytest-workers", type=int, default=8)
-    ap.add_argument("--tune-limit-s", type=float, default=150)
+    ap.add_argument("--tune-limit-s", type=float, default=300)  # every tiling is timed with and without TMA
     args = ap.parse_args(argv)
     known = {"tune", "tune-lb", "pytest", "leaderboard", "sweep"}
     steps = [s for s in args.steps.split(",") if s]
