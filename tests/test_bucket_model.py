@@ -53,3 +53,64 @@ def test_bad_model_parameters_are_named(kwargs):
 def test_fit_needs_two_sizes():
     with pytest.raises(ValueError, match="two or more"):
         fit_latency_bandwidth([1e6, 1e6], [1e-3, 1e-3])
+
+
+# -- the summaries that read the all-reduce rows (a GPU host's file: gloo on CPU and on CUDA
+# tensors, one rank count) ------------------------------------------------------------------------
+
+def _collectives_rows():
+    import pandas as pd
+
+    rows = []
+    for backend, dtype, o, w in [("nccl", "cuda", 5e-5, 3e11), ("gloo", "cuda", 5e-4, 2e9),
+                                 ("gloo", "cpu", 2e-4, 1e9)]:
+        for mb in (1, 10, 100, 1024):
+            rows.append({"backend": backend, "device_type": dtype, "world_size": 2, "size_mb": mb,
+                         "size_bytes": mb * 2**20, "time_ms": (o + mb * 2**20 / w) * 1e3,
+                         "status": "ok", "time_utc": "2026-11-29T00:00:00Z"})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def gpu_host_rows(monkeypatch):
+    from cs336_systems.distributed import summary
+
+    monkeypatch.setattr(summary, "load_results", lambda bench, device: _collectives_rows())
+    return summary
+
+
+def test_fit_matches_the_tensor_device_and_names_missing_rows(gpu_host_rows):
+    summary = gpu_host_rows
+    o, w = summary.fit_collectives("x", "gloo", "cpu", 2)  # not the gloo+CUDA rows
+    assert o == pytest.approx(2e-4, rel=1e-6) and w == pytest.approx(1e9, rel=1e-6)
+    o, w = summary.fit_collectives("x", "gloo", "cuda", 2)
+    assert o == pytest.approx(5e-4, rel=1e-6) and w == pytest.approx(2e9, rel=1e-6)
+    with pytest.raises(ValueError, match="nccl\\+cuda on 4 ranks"):
+        summary.fit_collectives("x", "nccl", "cuda", 4)
+
+
+def test_one_rank_count_is_fitted_and_the_rank_trend_is_declined(gpu_host_rows):
+    summary = gpu_host_rows
+    fits = summary.latency_bandwidth_fits("x").set_index(["backend", "device_type"])
+    assert fits.loc[("nccl", "cuda"), "knee_bytes"] == pytest.approx(5e-5 * 3e11, rel=1e-6)
+    table = summary.latency_bandwidth_table("x")
+    assert "Only one rank count" in table and "nccl+CUDA" in table
+    rows = [line for line in table.splitlines() if line.startswith("| gloo")]
+    assert [r.split("|")[1].strip() for r in rows] == ["gloo+CPU", "gloo+CUDA"]
+
+
+def test_collectives_table_keeps_the_two_gloos_apart(gpu_host_rows):
+    lines = [line for line in gpu_host_rows.collectives_table("x").splitlines()
+             if line.startswith("| gloo")]
+    kinds = [line.split("|")[1].strip() for line in lines]
+    assert kinds == ["gloo+CPU"] * 4 + ["gloo+CUDA"] * 4  # grouped, not interleaved by size
+
+
+def test_comm_before_backward_end():
+    from cs336_systems.distributed.summary import comm_before_backward_end
+
+    trace = {"phases": {"backward": [10.0, 50.0]}, "comm": [[20.0, 30.0], [45.0, 55.0], [60.0, 80.0]]}
+    # 10 + 5 of the 40 ms of communication ran before 50 ms
+    assert comm_before_backward_end(trace) == pytest.approx(15 / 40)
+    assert comm_before_backward_end({"phases": {"backward": [0, 1]}, "comm": []}) != \
+        comm_before_backward_end({"phases": {"backward": [0, 1]}, "comm": []})  # NaN

@@ -57,8 +57,11 @@ def stage_label(row: pd.Series | dict) -> str:
     return str(row["stage"])
 
 
-def timelines(traces: pd.DataFrame) -> plt.Figure:
-    """One profiled step per stage: phases, compute and communication on a shared time axis."""
+def timelines(traces: pd.DataFrame, show_compute: bool = True) -> plt.Figure:
+    """One profiled step per stage: phases, compute and communication on a shared time axis.
+
+    `show_compute=False` leaves out the compute row and the overlap labels (for traces whose compute
+    intervals are known to be wrong)."""
     rows = traces.to_dict("records")
     fig, ax = plt.subplots(figsize=(10, 0.75 * len(rows) + 1.2))
     ticks, labels = [], []
@@ -67,17 +70,19 @@ def timelines(traces: pd.DataFrame) -> plt.Figure:
         for name, (a, b) in row["phases"].items():
             if name in PHASE_COLORS:
                 ax.broken_barh([(a, b - a)], (y + 2.0, 0.7), color=PHASE_COLORS[name])
-        ax.broken_barh([(a, b - a) for a, b in row["compute"]], (y + 1.0, 0.8), color=COMPUTE)
+        if show_compute:
+            ax.broken_barh([(a, b - a) for a, b in row["compute"]], (y + 1.0, 0.8), color=COMPUTE)
         ax.broken_barh([(a, b - a) for a, b in row["comm"]], (y, 0.8), color=COMM)
-        frac = row.get("overlap_fraction")
+        frac = row.get("overlap_fraction") if show_compute else None
         frac = None if frac is None or pd.isna(frac) else frac  # no communication at all
         ticks.append(y + 1.3)
         labels.append(stage_label(row) + (f"\n{frac:.0%} of comm hidden" if frac is not None else ""))
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_xlabel("ms from the start of the step (rank 0)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in
-               [*PHASE_COLORS.values(), COMPUTE, COMM]]
-    ax.legend(handles, [*PHASE_COLORS, "backward compute", "all-reduce running"], ncol=6,
+    shown = {**{k: c for k, c in PHASE_COLORS.items()},
+             **({"backward compute": COMPUTE} if show_compute else {}), "all-reduce running": COMM}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in shown.values()]
+    ax.legend(handles, list(shown), ncol=6,
               fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / len(rows)))
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()

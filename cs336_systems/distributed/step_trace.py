@@ -7,7 +7,11 @@ computation was still going on. So the trace is reduced to three lists of (start
 - `phases`: the step's phases from record_function labels (forward, backward, sync, optimizer)
   on the CPU timeline;
 - `compute`: when the device computed. CPU: the autograd engine's backward functions (forward ops
-  are inside the forward phase). GPU: every CUDA kernel that is not a NCCL kernel.
+  are inside the forward phase). GPU: every CUDA kernel (and memcpy/memset) that is not a NCCL
+  kernel. Not the GPU *user annotations*: the profiler also projects every record_function range
+  (our `ddp:*` phases, c10d's) onto the GPU timeline as a CUDA-device event spanning the kernels
+  launched inside it; counting those as compute made a naive step's whole sync phase "compute"
+  (overlap fraction ~1 where it is 0 by construction; seen in the first H200 traces).
 - `comm`: when a collective was executing. gloo runs all-reduces on its own worker threads and the
   profiler records them as `gloo:all_reduce`; on GPU, the NCCL kernels.
 
@@ -70,6 +74,12 @@ def _is_comm(name: str) -> bool:
     return lowered.startswith("gloo:") or "nccl" in lowered
 
 
+def _is_annotation(event) -> bool:
+    """A GPU-timeline projection of a record_function range (torch marks it; older versions may
+    not, so our own phase labels are also recognised by name)."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith(PHASE_PREFIX)
+
+
 def compact(intervals: list[Interval], max_count: int = 300) -> list[Interval]:
     """Merge until at most `max_count` intervals remain (doubling the joining gap), rounded to us."""
     merged, gap = merge(intervals), 1e-3
@@ -88,6 +98,8 @@ def timeline(prof: torch.profiler.profile) -> dict:
     for e in events:
         start, end = e.time_range.start / 1e3, e.time_range.end / 1e3  # us -> ms
         is_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        if is_gpu and _is_annotation(e):
+            continue  # a CPU range drawn on the GPU timeline, not work the GPU did
         if e.name.startswith(PHASE_PREFIX) and not is_gpu:
             phases[e.name.removeprefix(PHASE_PREFIX)] = (start, end)
         elif _is_comm(e.name) and (is_gpu or not on_gpu):

@@ -48,7 +48,7 @@ def human_size(size_mb: float) -> str:
 def collectives_table(device: str = "cpu") -> str:
     df = collectives(device)
     df = df.assign(size_bytes=df["size_mb"] * 2**20).sort_values(
-        ["backend", "world_size", "size_bytes"])
+        ["backend", "device_type", "world_size", "size_bytes"])  # a GPU host has gloo on both
     shown = pd.DataFrame({
         "backend": df["backend"] + "+" + df["device_type"].str.upper(),
         "ranks": df["world_size"], "size": df["size_mb"].map(human_size),
@@ -105,8 +105,8 @@ def traces(device: str = "cpu", size: str | None = None) -> pd.DataFrame:
         ["order", "bucket_size_mb"]).reset_index(drop=True)
 
 
-def timelines_svg(device: str = "cpu", size: str | None = None) -> str:
-    return figures.svg(figures.timelines(traces(device, size)))
+def timelines_svg(device: str = "cpu", size: str | None = None, show_compute: bool = True) -> str:
+    return figures.svg(figures.timelines(traces(device, size), show_compute=show_compute))
 
 
 def fitted_bucket_model(device: str = "cpu", size: str | None = None) -> BucketModel:
@@ -116,11 +116,79 @@ def fitted_bucket_model(device: str = "cpu", size: str | None = None) -> BucketM
     if size is not None:
         steps = steps[steps["size"] == size]
     run = steps[steps["stage"] == "bucketed"].iloc[0]
-    coll = collectives(device)
-    coll = coll[(coll["status"] == "ok") & (coll["backend"] == run["backend"])
-                & (coll["world_size"] == run["world_size"])]
-    o, w = fit_latency_bandwidth(coll["size_bytes"].tolist(), (coll["time_ms"] / 1e3).tolist())
+    o, w = fit_collectives(device, run["backend"], run["device_type"], int(run["world_size"]))
     return BucketModel(s=float(run["grad_bytes"]), w=w, o=o)
+
+
+def fit_collectives(device: str, backend: str, device_type: str, world_size: int) -> tuple[float, float]:
+    """(o seconds, w bytes/s) fitted to one (backend, tensor device, ranks) row of the all-reduce
+    benchmark. A GPU host's file holds gloo on CPU and on CUDA tensors, so the device type is part
+    of the match. ValueError naming what is missing if that row was not measured."""
+    coll = collectives(device)
+    coll = coll[(coll["status"] == "ok") & (coll["backend"] == backend)
+                & (coll["device_type"] == device_type) & (coll["world_size"] == world_size)]
+    if coll.empty:
+        raise ValueError(f"no all-reduce rows for {backend}+{device_type} on {world_size} ranks in "
+                         f"{_source(COLLECTIVES, device)}: cannot fit o and w")
+    return fit_latency_bandwidth(coll["size_bytes"].tolist(), (coll["time_ms"] / 1e3).tolist())
+
+
+def latency_bandwidth_fits(device: str = "cpu") -> pd.DataFrame:
+    """o, w and the knee o·w of t = o + bytes/w, one fit per (backend, tensor device, ranks).
+
+    A row that cannot be fitted (fewer than two sizes, or times that do not grow with size) keeps
+    NaN and says why in `note` instead of failing the page."""
+    coll = collectives(device)
+    coll = coll[coll["status"] == "ok"]
+    rows = []
+    for (backend, dtype, n), g in coll.groupby(["backend", "device_type", "world_size"]):
+        row = {"backend": backend, "device_type": dtype, "world_size": int(n),
+               "sizes": int(g["size_bytes"].nunique()), "o_s": float("nan"),
+               "w_bytes_per_s": float("nan"), "knee_bytes": float("nan"), "note": ""}
+        try:
+            o, w = fit_latency_bandwidth(g["size_bytes"].tolist(), (g["time_ms"] / 1e3).tolist())
+            row.update(o_s=o, w_bytes_per_s=w, knee_bytes=o * w)
+        except ValueError as e:
+            row["note"] = str(e)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def latency_bandwidth_table(device: str = "cpu") -> str:
+    """The fits as a table, then what the measured rank counts cannot tell (one line)."""
+    fits = latency_bandwidth_fits(device)
+    shown = pd.DataFrame({
+        "backend": fits["backend"] + "+" + fits["device_type"].str.upper(),
+        "ranks": fits["world_size"], "sizes fitted": fits["sizes"],
+        "o (ms per call)": fits["o_s"] * 1e3, "w (GB/s, algbw)": fits["w_bytes_per_s"] / 1e9,
+        "knee o·w (MB)": fits["knee_bytes"] / 2**20,
+    })
+    if fits["note"].astype(bool).any():
+        shown["not fitted because"] = fits["note"]
+    out = markdown_table(shown, floatfmt=".3g")
+    single = [f"{b}+{d.upper()}" for (b, d), g in fits.groupby(["backend", "device_type"])
+              if g["world_size"].nunique() < 2]
+    if single:
+        out += ("\n\nOnly one rank count was measured for " + ", ".join(single) + ": how the "
+                "fixed cost o grows with the number of ranks (a ring pays it in 2(n-1) steps) "
+                "cannot be fitted from these rows.")
+    return out
+
+
+def comm_before_backward_end(trace: pd.Series | dict) -> float:
+    """Share of the traced step's all-reduce time that ran before the CPU had finished issuing
+    backward (the `backward` phase's end), NaN without communication.
+
+    A stand-in for `overlap_fraction` on traces whose compute intervals are not trustworthy (the
+    first H200 traces counted GPU annotations as compute). On a GPU the kernels run behind the CPU,
+    so work before that moment ran while backward kernels were still queued: it says where the
+    communication sat, not how much of it the GPU actually overlapped."""
+    comm = [tuple(iv) for iv in trace["comm"]]
+    busy = sum(b - a for a, b in comm)
+    if busy <= 0:
+        return float("nan")
+    end = trace["phases"]["backward"][1]
+    return sum(max(0.0, min(b, end) - a) for a, b in comm) / busy
 
 
 def bucket_model_svg(device: str = "cpu", size: str | None = None) -> str:
