@@ -1,0 +1,101 @@
+"""How long the host takes to issue one attention call, measured with the GPU kept busy.
+
+`do_bench` records its start event right after flushing L2; if the host is still in Python when
+the GPU reaches that event, the GPU waits, and the wait is timed as if it were the kernel's. So
+the host's time to issue the first kernel of a step is part of the leaderboard number. Here each
+piece of our call path (input checks, tensor descriptors, the Triton launch, autograd and
+torch.compile around it) is issued many times behind a long `torch.cuda._sleep`, so nothing waits
+on the GPU and the wall time per call is the host's alone.
+
+    python -m cs336_systems.attention.host_overhead [--calls 50] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+BENCH = "attention/host_overhead"
+SPIN_CYCLES = 3_000_000_000  # about 1.5 s of GPU spin at ~2 GHz: longer than any batch of calls here
+
+
+def host_us(fn: Callable[[], object], calls: int) -> float:
+    """Microseconds of host time per call of `fn`, issued while the GPU is busy."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SPIN_CYCLES)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], object]]:
+    """What a forward (and a forward+backward) step runs on the host, piece by piece."""
+    from .configs import FwdConfig, fwd_config
+    from .flash_launch import _descriptors, launch_fwd
+    from .flash_triton import FlashAttentionTriton, check_triton_inputs
+    from .leaderboard import make_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, seq, d, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
+               for _ in range(3))
+    q4, k4, v4 = (t.detach().unsqueeze(1) for t in (q, k, v))  # (Z, 1, N, d): how the kernels see them
+    tuned = fwd_config(torch.bfloat16, d, True, batch, seq, seq)
+    ours, cudnn = make_attention("ours", heads), make_attention("cudnn", heads)
+
+    def step(f):
+        def run():
+            f(q, k, v).sum().backward()
+        return run
+
+    return {
+        "cudnn: forward": lambda: cudnn(q, k, v),
+        "ours: forward (torch.compile(Fn.apply), the leaderboard's call)": lambda: ours(q, k, v),
+        "ours: forward (Fn.apply, eager)": lambda: FlashAttentionTriton.apply(q, k, v, True),
+        "ours: input checks": lambda: check_triton_inputs(q, k, v, True),
+        f"ours: launch_fwd, tuned config (tma={tuned.tma})": lambda: launch_fwd(q4, k4, v4, True, tuned),
+        "ours: launch_fwd, pointers": lambda: launch_fwd(q4, k4, v4, True, FwdConfig(
+            tuned.block_m, tuned.block_n, tuned.num_warps, tuned.num_stages, tma=False)),
+        "ours: three TensorDescriptors": lambda: _descriptors(q4, k4, v4, None, tuned.block_m, tuned.block_n),
+        "cudnn: forward+backward step": step(cudnn),
+        "ours: forward+backward step": step(ours),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..bench.store import ResultStore
+
+    ap = argparse.ArgumentParser(prog="host_overhead", description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=50, help="calls per timing (all queued behind one GPU spin)")
+    ap.add_argument("--rounds", type=int, default=5, help="timings per piece; the median is reported")
+    ap.add_argument("--results-dir", default=None)
+    args = ap.parse_args(argv)
+    if min(args.calls, args.rounds) <= 0:
+        ap.error("--calls and --rounds must be positive")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times the host against a busy GPU)")
+    store = ResultStore(BENCH, key=["run", "piece"], root=args.results_dir)
+    run = time.strftime("%Y%m%dT%H%M%S")
+    for name, fn in pieces(args.batch, args.heads, args.seq, args.d).items():
+        for _ in range(3):  # compile, autotune-free warm-up, allocator warm-up
+            fn()
+        us = [host_us(fn, args.calls) for _ in range(args.rounds)]
+        store.append({"run": run, "piece": name, "batch": args.batch, "seq": args.seq, "d": args.d,
+                      "calls": args.calls}, {"host_us": statistics.median(us), "host_us_min": min(us)})
+        print(f"[host] {statistics.median(us):8.1f} us/call (min {min(us):.1f})  {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The A/B harness for dK/dV kernel versions, on the interpreter (fp32, tiny shapes)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cs336_systems.attention import ab_dkdv, tune
+
+KERNEL = Path(__file__).parents[1] / "cs336_systems" / "attention" / "flash_bwd_kernel.py"
+
+
+@pytest.fixture
+def on_the_interpreter(monkeypatch):
+    monkeypatch.setattr(tune, "DEVICE", "cpu")
+    monkeypatch.setattr(ab_dkdv, "DTYPE", torch.float32)
+    monkeypatch.setattr("cs336_systems.bench.timing.gpu_bench", lambda fn, **kw: 1.0)
+
+
+def test_times_each_version_and_variant_per_round(tmp_path, on_the_interpreter):
+    assert ab_dkdv.main(["--variant", f"a={KERNEL}", "--variant", f"b={KERNEL}", "--configs", "16,16,1,1",
+                         "--Z", "1", "--seq", "32", "--d", "16", "--rounds", "2", "--results-dir", str(tmp_path)]) == 0
+    rows = [json.loads(line) for line in next(tmp_path.rglob("*.jsonl")).read_text().splitlines()]
+    cells = {(r["variant"], r["tma"], r["no_tail"]) for r in rows}
+    kernel = ab_dkdv.load_variant("probe", KERNEL).bwd_dkdv_kernel
+    per_version = (2 if "TMA" in kernel.arg_names else 1) * (2 if "NO_TAIL" in kernel.arg_names else 1)
+    assert len(cells) == 2 * per_version and len(rows) == 2 * len(cells)
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-4 for r in rows)
+
+
+def test_a_wrong_version_is_not_timed(tmp_path, on_the_interpreter):
+    broken = tmp_path / "broken.py"  # dV scaled by 2: a fast wrong kernel must stop the run
+    broken.write_text(KERNEL.read_text().replace("store_rows(DV + out, dv,", "store_rows(DV + out, dv * 2,"))
+    assert "dv * 2" in broken.read_text()
+    with pytest.raises(SystemExit, match="wrong"):
+        ab_dkdv.main(["--variant", f"bad={broken}", "--configs", "16,16,1,1", "--Z", "1", "--seq", "32",
+                      "--d", "16", "--results-dir", str(tmp_path)])
+
+
+def test_bad_arguments_name_the_argument(capsys):
+    with pytest.raises(SystemExit):
+        ab_dkdv.main(["--variant", "no-equals-sign"])
+    with pytest.raises(SystemExit, match="no file"):
+        ab_dkdv.main(["--variant", "x=/nonexistent.py"])
+
+
+def test_host_overhead_refuses_bad_arguments():
+    from cs336_systems.attention import host_overhead
+
+    with pytest.raises(SystemExit):
+        host_overhead.main(["--calls", "0"])
