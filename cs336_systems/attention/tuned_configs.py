@@ -1,7 +1,7 @@
 """Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with
 `python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).
 
-Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, a8e302062c11, df107f57b502, ea5a58f90003).
+Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, a8e302062c11, df107f57b502, ea5a58f90003, fa876024134e).
 """
 
 TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
@@ -58,13 +58,13 @@ TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
                                     'num_stages2': 2,
                                     'num_warps1': 4,
                                     'num_warps2': 4},
-         'bf16-d64-causal-large': {'block_m1': 32,
+         'bf16-d64-causal-large': {'block_m1': 64,
                                    'block_m2': 128,
                                    'block_n1': 64,
                                    'block_n2': 64,
-                                   'fused': False,
-                                   'num_stages1': 4,
-                                   'num_stages2': 4,
+                                   'fused': True,
+                                   'num_stages1': 3,
+                                   'num_stages2': 3,
                                    'num_warps1': 4,
                                    'num_warps2': 4,
                                    'one_pass': False,
@@ -157,11 +157,11 @@ TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
          'bf16-d16-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
          'bf16-d32-causal-large': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
          'bf16-d32-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
-         'bf16-d64-causal-large': {'block_m': 64,
-                                   'block_n': 128,
-                                   'num_stages': 2,
-                                   'num_warps': 4,
-                                   'tma': True},
+         'bf16-d64-causal-large': {'block_m': 128,
+                                   'block_n': 64,
+                                   'num_stages': 4,
+                                   'num_warps': 8,
+                                   'tma': False},
          'bf16-d64-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 3, 'num_warps': 4},
          'fp32-d128-causal-large': {'block_m': 128, 'block_n': 32, 'num_stages': 2, 'num_warps': 8},
          'fp32-d128-causal-medium': {'block_m': 64, 'block_n': 64, 'num_stages': 2, 'num_warps': 4},
