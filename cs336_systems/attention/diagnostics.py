@@ -1,0 +1,120 @@
+"""Tables for the flash chapter's diagnostics, from committed results: the dK/dV A/B runs
+(`ab_dkdv`), the host's time per call (`host_overhead`) and the GPU clocks sampled during a
+leaderboard run (`nvidia-smi` every 250 ms beside `device_run`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..bench.store import REPO_ROOT
+from ..report import load_results, markdown_table, provenance_line
+
+AB_BENCH = "attention/dkdv_ab"
+HOST_BENCH = "attention/host_overhead"
+CLOCKS_DIR = Path("results/attention/clocks")  # nvidia-h200-<start UTC>.csv, one per sampled run
+# What each A/B version was. The files were made for that run (not committed as copies): `old` is
+# flash_bwd_kernel.py at git 20201d038c9c, `fixeddiag` the file at d0f7cc500f96, `rtdiag` that
+# file with the diagonal loop's end put back to min(end of the diagonal, n_queries).
+AB_VERSIONS = {
+    "old": "as timed before TMA (git 20201d038c9c)",
+    "fixeddiag": "TMA option, diagonal loop with a fixed trip count (git d0f7cc500f96)",
+    "rtdiag": "TMA option, diagonal loop stops at n_queries (today's kernel)",
+}
+
+
+def ab_rows() -> pd.DataFrame:
+    """Median and spread over the interleaved rounds, one row per (version, tiling, loads, tail)."""
+    df = load_results(AB_BENCH, status="ok")
+    keys = ["run", "variant", "block_m1", "block_n1", "num_warps1", "num_stages1", "tma", "no_tail"]
+    g = df.groupby(keys, as_index=False).agg(median_ms=("ms", "median"), min_ms=("ms", "min"),
+                                             max_ms=("ms", "max"), rounds=("ms", "size"))
+    return g.sort_values("median_ms")
+
+
+def ab_table() -> str:
+    g = ab_rows().copy()
+    g["version"] = g["variant"].map(AB_VERSIONS).fillna(g["variant"])
+    g["tiles (queries x keys), warps, stages"] = g.apply(
+        lambda r: f"{r.block_m1}x{r.block_n1}, {r.num_warps1} w, {r.num_stages1} st", axis=1)
+    g["loads"] = g["tma"].map({True: "TMA", False: "pointers"})
+    g["ragged-tail loop"] = g["no_tail"].map({True: "not compiled", False: "compiled"})
+    shown = g[["version", "tiles (queries x keys), warps, stages", "loads", "ragged-tail loop",
+               "median_ms", "min_ms", "max_ms", "rounds"]].rename(
+        columns={"median_ms": "median ms", "min_ms": "min ms", "max_ms": "max ms"})
+    return (markdown_table(shown, formats={"median ms": ".3f", "min ms": ".3f", "max ms": ".3f"})
+            + "\n\n" + provenance_line(load_results(AB_BENCH), f"results/{AB_BENCH}/nvidia-h200.jsonl"))
+
+
+def ab_median(variant: str, tiles: tuple[int, int, int, int], tma: bool, no_tail: bool) -> float:
+    m, n, w, s = tiles
+    g = ab_rows()
+    hit = g[(g.variant == variant) & (g.block_m1 == m) & (g.block_n1 == n) & (g.num_warps1 == w)
+            & (g.num_stages1 == s) & (g.tma == tma) & (g.no_tail == no_tail)]
+    if hit.empty:
+        raise KeyError(f"no A/B row for {variant} {tiles} tma={tma} no_tail={no_tail}")
+    return float(hit.median_ms.iloc[-1])
+
+
+def host_rows() -> pd.DataFrame:
+    df = load_results(HOST_BENCH, status="ok")
+    return df[df.run == df.run.max()]
+
+
+def host_table() -> str:
+    df = host_rows()[["piece", "host_us", "host_us_min"]].rename(
+        columns={"piece": "what the host issues", "host_us": "µs per call (median)", "host_us_min": "min"})
+    return (markdown_table(df, formats={"µs per call (median)": ".0f", "min": ".0f"})
+            + "\n\n" + provenance_line(load_results(HOST_BENCH), f"results/{HOST_BENCH}/nvidia-h200.jsonl"))
+
+
+def host_us(prefix: str) -> float:
+    df = host_rows()
+    hit = df[df.piece.str.startswith(prefix)]
+    if hit.empty:
+        raise KeyError(f"no host_overhead piece starting with {prefix!r}")
+    return float(hit.host_us.iloc[0])
+
+
+def clock_samples(path: Path) -> pd.DataFrame:
+    """nvidia-smi's CSV as (time UTC, SM MHz, watts)."""
+    raw = pd.read_csv(path, skipinitialspace=True)
+    raw.columns = [c.strip() for c in raw.columns]
+    return pd.DataFrame({
+        "t": pd.to_datetime(raw["timestamp"], format="%Y/%m/%d %H:%M:%S.%f", utc=True),
+        "sm_mhz": raw["clocks.current.sm [MHz]"].str.replace(" MHz", "").astype(float),
+        "watts": raw["power.draw [W]"].str.replace(" W", "").astype(float),
+    })
+
+
+def leaderboard_clock_rows() -> pd.DataFrame:
+    """For each leaderboard row of a run with sampled clocks: the SM clock and power while it was
+    timed (from the previous row's write to its own; the first row's window is its 12 s of timing)."""
+    from .flash_tables import IMPL_NAMES, leaderboard_rows
+
+    out = []
+    lb = leaderboard_rows()
+    for path in sorted((REPO_ROOT / CLOCKS_DIR).glob("nvidia-h200-*.csv")):
+        s = clock_samples(path)
+        start, end = s.t.min(), s.t.max()
+        rows = lb.assign(t=pd.to_datetime(lb.time_utc, utc=True)).sort_values("t")
+        rows = rows[(rows.t > start) & (rows.t <= end)]
+        prev = None
+        for r in rows.itertuples():
+            lo = prev if prev is not None else r.t - pd.Timedelta(seconds=12)
+            w = s[(s.t > lo) & (s.t <= r.t)]
+            busy = w[w.watts > 300]  # samples while a kernel ran (idle draws ~80-130 W)
+            out.append({"run": r.run, "implementation": IMPL_NAMES[r.impl],
+                        "mode": {"fwd_bwd": "forward+backward", "fwd": "forward"}[r.mode],
+                        "mean ms": r.mean_ms, "SM MHz (median, busy)": busy.sm_mhz.median(),
+                        "SM MHz (min)": busy.sm_mhz.min(), "W (median, busy)": busy.watts.median(),
+                        "samples": len(busy), "clocks file": path.name})
+            prev = r.t
+    return pd.DataFrame(out)
+
+
+def leaderboard_clock_table() -> str:
+    df = leaderboard_clock_rows().drop(columns=["clocks file"])
+    return markdown_table(df, formats={"mean ms": ".3f", "SM MHz (median, busy)": ".0f", "SM MHz (min)": ".0f",
+                                       "W (median, busy)": ".0f"})
