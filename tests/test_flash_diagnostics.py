@@ -1,0 +1,41 @@
+"""The chapter's diagnostics tables: clock samples matched to the leaderboard rows they cover."""
+
+import pandas as pd
+import pytest
+
+from cs336_systems.attention import diagnostics, flash_tables
+
+HEADER = "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu\n"
+
+
+def _csv(samples):
+    return HEADER + "".join(f"2026/11/29 17:00:{s:06.3f}, {mhz} MHz, 3201 MHz, {w} W, 50\n" for s, mhz, w in samples)
+
+
+def test_each_row_gets_the_samples_of_its_own_window(tmp_path, monkeypatch):
+    clocks = tmp_path / "results" / "attention" / "clocks"
+    clocks.mkdir(parents=True)
+    # 0-10 s: busy at 1900 MHz; 10-20 s: busy at 1700 MHz; idle samples (low power) in between are ignored
+    samples = [(s + 0.5, 1900, 690) for s in range(10)] + [(10.2, 345, 80)] + [(s + 0.5, 1700, 695) for s in range(10, 20)] + [(21.0, 345, 80)]
+    (clocks / "nvidia-h200-20261129T170000Z.csv").write_text(_csv(samples))
+    rows = pd.DataFrame([
+        {"run": "r", "impl": "cudnn", "mode": "fwd", "mean_ms": 1.0, "time_utc": "2026-11-29T17:00:10Z"},
+        {"run": "r", "impl": "ours", "mode": "fwd", "mean_ms": 1.1, "time_utc": "2026-11-29T17:00:20Z"},
+        {"run": "elsewhen", "impl": "ours", "mode": "fwd", "mean_ms": 9.9, "time_utc": "2026-11-30T00:00:00Z"},
+    ])
+    monkeypatch.setattr(diagnostics, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(flash_tables, "leaderboard_rows", lambda: rows)
+    got = diagnostics.leaderboard_clock_rows().set_index("implementation")
+    assert list(got.index) == ["SDPA cuDNN", "ours (Triton FA2)"]  # the row outside the samples is left out
+    assert got.loc["SDPA cuDNN", "SM MHz (median, busy)"] == 1900
+    assert got.loc["ours (Triton FA2)", "SM MHz (median, busy)"] == 1700
+    assert got.loc["ours (Triton FA2)", "samples"] == 10  # the idle sample is not counted
+
+
+def test_ab_median_names_a_missing_cell(monkeypatch):
+    monkeypatch.setattr(diagnostics, "ab_rows", lambda: pd.DataFrame(
+        [{"variant": "a", "block_m1": 64, "block_n1": 64, "num_warps1": 4, "num_stages1": 3, "tma": True,
+          "no_tail": True, "median_ms": 2.0}]))
+    assert diagnostics.ab_median("a", (64, 64, 4, 3), True, True) == 2.0
+    with pytest.raises(KeyError, match="no A/B row"):
+        diagnostics.ab_median("a", (64, 64, 4, 3), False, True)
