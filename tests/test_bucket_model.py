@@ -106,11 +106,54 @@ def test_collectives_table_keeps_the_two_gloos_apart(gpu_host_rows):
     assert kinds == ["gloo+CPU"] * 4 + ["gloo+CUDA"] * 4  # grouped, not interleaved by size
 
 
-def test_comm_before_backward_end():
-    from cs336_systems.distributed.summary import comm_before_backward_end
+# -- the DDP step rows: several runs of the same grid, each run against its own compute-only step --
 
-    trace = {"phases": {"backward": [10.0, 50.0]}, "comm": [[20.0, 30.0], [45.0, 55.0], [60.0, 80.0]]}
-    # 10 + 5 of the 40 ms of communication ran before 50 ms
-    assert comm_before_backward_end(trace) == pytest.approx(15 / 40)
-    assert comm_before_backward_end({"phases": {"backward": [0, 1]}, "comm": []}) != \
-        comm_before_backward_end({"phases": {"backward": [0, 1]}, "comm": []})  # NaN
+def _step_rows(runs: list[dict[str, float]], resumed_at: int | None = None):
+    """One row per (run, stage) in time order; `resumed_at`: the first run stops before that
+    stage and a later process adds the rest (one run, two processes)."""
+    import pandas as pd
+
+    rows, t = [], 0
+    base = {"size": "xl", "backend": "nccl", "device_type": "cuda", "world_size": 2,
+            "batch_size": 4, "context_length": 512, "bucket_size_mb": None, "status": "ok",
+            "rounds": 1, "timed_steps": 5, "sync_ms": 1.0, "comm_alone_ms": 1.0,
+            "step_ms_mean": 0.0, "allreduce_calls": 1, "git": "g"}
+    for i, steps in enumerate(runs):
+        for j, (stage, ms) in enumerate(steps.items()):
+            t += 3600 if (resumed_at is not None and i == 0 and j == resumed_at) else 1
+            rows.append({**base, "stage": stage, "step_ms": ms, "step_ms_std": ms / 100,
+                         "time_utc": f"2026-11-29T{t // 3600:02d}:{t % 3600 // 60:02d}:{t % 60:02d}Z"})
+    return pd.DataFrame(rows)
+
+
+def test_two_runs_are_medians_with_each_runs_overhead(monkeypatch):
+    from cs336_systems.distributed import summary
+
+    runs = [{"compute-only": 400.0, "naive": 450.0, "flat": 470.0},
+            {"compute-only": 410.0, "naive": 440.0, "flat": 430.0}]
+    monkeypatch.setattr(summary, "load_results", lambda bench, device: _step_rows(runs))
+    per_run = summary.ddp_runs("x")
+    assert per_run.groupby("stage").run.apply(sorted).to_dict() == {
+        "compute-only": [1, 2], "flat": [1, 2], "naive": [1, 2]}
+    g = summary.ddp_steps("x").set_index("stage")
+    assert g.loc["naive", "runs"] == 2
+    assert g.loc["naive", "step_ms"] == pytest.approx((450 + 440) / 2)
+    # overhead against the same run's compute-only step: 50 and 30, not 445 - 405 computed across runs
+    assert g.loc["naive", "overhead_ms"] == pytest.approx((50 + 30) / 2)
+    assert (g.loc["flat", "overhead_ms_lo"], g.loc["flat", "overhead_ms_hi"]) == (20, 70)
+    assert (g.loc["flat", "step_ms_lo"], g.loc["flat", "step_ms_hi"]) == (430, 470)
+    assert g.loc["flat", "step_ms_runs"] == (470, 430)  # in run order
+    assert g.loc["flat", "step_ms_std"] == pytest.approx(4.7)  # the noisier run's
+    table = summary.ddp_table("x")
+    assert "each run (ms)" in table and "| 470 / 430 |" in table
+
+
+def test_one_run_is_unchanged_and_a_resumed_run_stays_one(monkeypatch):
+    from cs336_systems.distributed import summary
+
+    runs = [{"compute-only": 400.0, "naive": 450.0, "flat": 470.0}]
+    monkeypatch.setattr(summary, "load_results", lambda bench, device: _step_rows(runs, resumed_at=2))
+    g = summary.ddp_steps("x").set_index("stage")
+    assert set(g["runs"]) == {1}
+    assert g.loc["flat", "overhead_ms"] == 70 and g.loc["flat", "step_ms_std"] == pytest.approx(4.7)
+    assert "each run" not in summary.ddp_table("x")

@@ -80,7 +80,7 @@ def timelines(traces: pd.DataFrame, show_compute: bool = True) -> plt.Figure:
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_xlabel("ms from the start of the step (rank 0)")
     shown = {**{k: c for k, c in PHASE_COLORS.items()},
-             **({"backward compute": COMPUTE} if show_compute else {}), "all-reduce running": COMM}
+             **({"compute": COMPUTE} if show_compute else {}), "all-reduce running": COMM}
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in shown.values()]
     ax.legend(handles, list(shown), ncol=6,
               fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / len(rows)))

@@ -65,16 +65,56 @@ def collectives_svg(device: str = "cpu") -> str:
     return figures.svg(figures.collectives(collectives(device)))
 
 
-def ddp_steps(device: str = "cpu") -> pd.DataFrame:
-    """Latest row per configuration, with `overhead_ms`: step time minus the compute-only step
-    of the same run configuration (what data parallelism costs on top of the computation)."""
-    df = _latest(load_results(STEPS, device), STEPS_KEY)
+def ddp_runs(device: str = "cpu") -> pd.DataFrame:
+    """Every ok step row, with `run` (1, 2, ...) and `overhead_ms`: step time minus the
+    compute-only step of the same run and run configuration (what data parallelism costs).
+
+    A run is one pass of the benchmark over its grid: in time order, a new run starts at the first
+    row whose configuration the current run already has. (A run cut by the time limit and resumed
+    adds only the missing configurations, so it stays one run.)"""
+    df = load_results(STEPS, device).sort_values("time_utc", kind="stable").reset_index(drop=True)
+    df["bucket_size_mb"] = df.get("bucket_size_mb")
+    runs, run, seen = [], 1, set()
+    for r in df.to_dict("records"):
+        key = tuple("nan" if pd.isna(r.get(k)) else r.get(k) for k in STEPS_KEY)
+        if key in seen:
+            run, seen = run + 1, set()
+        seen.add(key)
+        runs.append(run)
+    df["run"] = runs
     df = df[df["status"] == "ok"].copy()
-    base = df[df["stage"] == "compute-only"].set_index(RUN_KEY)["step_ms"]
-    df["overhead_ms"] = [r["step_ms"] - base.get(tuple(r[k] for k in RUN_KEY), float("nan"))
+    base = df[df["stage"] == "compute-only"].set_index(RUN_KEY + ["run"])["step_ms"]
+    df["overhead_ms"] = [r["step_ms"] - base.get(tuple(r[k] for k in RUN_KEY + ["run"]), float("nan"))
                          for r in df.to_dict("records")]
     df["label"] = [figures.stage_label(r) for r in df.to_dict("records")]
-    return df
+    return df.reset_index(drop=True)
+
+
+MEDIAN_OVER_RUNS = ["step_ms", "step_ms_mean", "sync_ms", "comm_alone_ms", "overhead_ms"]
+
+
+def ddp_steps(device: str = "cpu") -> pd.DataFrame:
+    """One row per configuration over all its runs (`ddp_runs`): the median over runs of each run's
+    `step_ms`, `sync_ms`, `comm_alone_ms` and `overhead_ms`; `runs`; the runs' extremes
+    `step_ms_lo`/`step_ms_hi` and `overhead_ms_lo`/`overhead_ms_hi`; `step_ms_runs` each run's step_ms; `step_ms_std` the largest
+    within-run standard deviation. Other columns come from the latest run. With one run per
+    configuration this is that run's rows unchanged."""
+    df = ddp_runs(device)
+    if df.empty:
+        return df
+    key = [k for k in STEPS_KEY if k in df]
+    g = df.assign(_k=[tuple("nan" if pd.isna(v) else v for v in t)
+                      for t in df[key].itertuples(index=False)]).groupby("_k", sort=False)
+    out = g.tail(1).set_index("_k")  # latest run's row (df is in time order)
+    for col in MEDIAN_OVER_RUNS:
+        if col in df:
+            out[col] = g[col].median()
+    out["runs"] = g["run"].nunique()
+    out["step_ms_lo"], out["step_ms_hi"] = g["step_ms"].min(), g["step_ms"].max()
+    out["overhead_ms_lo"], out["overhead_ms_hi"] = g["overhead_ms"].min(), g["overhead_ms"].max()
+    out["step_ms_runs"] = g["step_ms"].agg(tuple)  # each run's step_ms, in run order
+    out["step_ms_std"] = g["step_ms_std"].max()
+    return out.reset_index(drop=True)
 
 
 STAGE_ORDER = ["compute-only", "naive", "flat", "overlap", "bucketed", "torch-ddp"]
@@ -86,15 +126,23 @@ def ddp_table(device: str = "cpu", size: str | None = None) -> str:
         df = df[df["size"] == size]
     df = df.assign(order=df["stage"].map(STAGE_ORDER.index)).sort_values(
         ["size", "world_size", "order", "bucket_size_mb"])
+    several = bool((df["runs"] > 1).any())
     shown = pd.DataFrame({
         "model": df["size"], "ranks": df["world_size"], "stage": df["label"],
         "all-reduce calls": df["allreduce_calls"],
-        "step (ms)": df["step_ms"], "± std": df["step_ms_std"],
+        "step (ms)": df["step_ms"],
+        **({"each run (ms)": [" / ".join(f"{x:.0f}" for x in t) for t in df["step_ms_runs"]]}
+           if several else {}),
+        ("± std, noisiest run" if several else "± std"): df["step_ms_std"],
         "over compute-only (ms)": df["overhead_ms"],
         "in finish_gradient_synchronization (ms)": df["sync_ms"],
         "communication alone (ms)": df["comm_alone_ms"],
     })
-    return markdown_table(shown, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(STEPS, device))
+    note = (f"\n\nWith {int(df['runs'].max())} runs per configuration, every number is the median "
+            "over runs of each run's value (with two runs, their mean); *over compute-only* is taken "
+            "within each run, against that run's compute-only step." if several else "")
+    return (markdown_table(shown, floatfmt=".3g") + note + "\n\n"
+            + provenance_line(ddp_runs(device), _source(STEPS, device)))  # every run's commit
 
 
 def traces(device: str = "cpu", size: str | None = None) -> pd.DataFrame:
@@ -173,22 +221,6 @@ def latency_bandwidth_table(device: str = "cpu") -> str:
                 "fixed cost o grows with the number of ranks (a ring pays it in 2(n-1) steps) "
                 "cannot be fitted from these rows.")
     return out
-
-
-def comm_before_backward_end(trace: pd.Series | dict) -> float:
-    """Share of the traced step's all-reduce time that ran before the CPU had finished issuing
-    backward (the `backward` phase's end), NaN without communication.
-
-    A stand-in for `overlap_fraction` on traces whose compute intervals are not trustworthy (the
-    first H200 traces counted GPU annotations as compute). On a GPU the kernels run behind the CPU,
-    so work before that moment ran while backward kernels were still queued: it says where the
-    communication sat, not how much of it the GPU actually overlapped."""
-    comm = [tuple(iv) for iv in trace["comm"]]
-    busy = sum(b - a for a, b in comm)
-    if busy <= 0:
-        return float("nan")
-    end = trace["phases"]["backward"][1]
-    return sum(max(0.0, min(b, end) - a) for a, b in comm) / busy
 
 
 def bucket_model_svg(device: str = "cpu", size: str | None = None) -> str:
