@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 import pytest
@@ -64,6 +65,11 @@ def test_table_picks_the_fastest_of_the_latest_run():
     assert tune.choose(rows + [row("fused", fused, 2.9), row("onepass", one_pass, 2.8)])["bwd"]["k"] == one_pass
     assert tune.choose(rows + [row("fused", fused, 2.9), row("onepass", one_pass, 2.95)])["bwd"]["k"] == fused
     assert tune.choose(rows + [row("onepass", one_pass, 3.1)])["bwd"]["k"]["fused"] is False
+    # confirmation rounds overrule the single timings: fwd_a's median (0.4) beats fwd_b's (0.6),
+    # though fwd_b had the fastest single timing and one lucky round
+    again = [dict(row("fwd", c, ms), phase="confirm") for c, ms in
+             ((fwd_a, 0.4), (fwd_b, 0.3), (fwd_a, 0.45), (fwd_b, 0.6), (fwd_a, 0.4), (fwd_b, 0.7))]
+    assert tune.choose(rows + again)["fwd"]["k"] == fwd_a
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
@@ -80,7 +86,11 @@ def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     tune.tune(store, [("bf16-d16-causal-large", 1, 40, 16, "bf16", False)], None)
     rows = store.rows()
     assert {r["kernel"] for r in rows} == {"fwd", "dkdv", "dq", "fused", "onepass"}
-    assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in rows)
+    first = [r for r in rows if r.get("phase") != "confirm"]
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in first)
+    again = collections.Counter(r["kernel"] for r in rows if r.get("phase") == "confirm")
+    timed = collections.Counter(r["kernel"] for r in first)  # each tiling with and without TMA
+    assert again == {k: min(n, tune.CONFIRM_TOP) * tune.CONFIRM_ROUNDS for k, n in timed.items() if n > 1}
     table = tune.choose(rows)
     assert set(table["fwd"]) == set(table["bwd"]) == {"bf16-d16-causal-large"}
 
