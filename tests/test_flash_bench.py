@@ -133,3 +133,14 @@ def test_benchmarks_refuse_bad_arguments(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_leaderboard_clock_summary():
+    from cs336_systems.attention import leaderboard
+    from cs336_systems.profiling.clocks import ClockSampler
+
+    sampler = ClockSampler()
+    sampler.samples = [[0.5, 1980.0, 1980.0, 650.0, 50.0], [1.0, 1800.0, 1980.0, 700.0, 55.0],
+                       [1.5, 1850.0, 1980.0, None, 56.0]]
+    assert leaderboard.clock_summary(sampler) == {"sm_mhz_median": 1850.0, "sm_mhz_min": 1800.0, "power_w_median": 675.0}
+    assert leaderboard.clock_summary(ClockSampler()) == {"sm_mhz_median": None, "sm_mhz_min": None, "power_w_median": None}

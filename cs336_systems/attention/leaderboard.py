@@ -9,12 +9,15 @@ then the forward alone. Ours goes through `torch.compile(FlashAttentionTriton.ap
 leaderboard calls it. Before anything is timed our output and gradients are checked against SDPA's
 cuDNN backend (a fast wrong kernel is a failure, not a result). Rows go to
 results/attention/flash_leaderboard/<device>.jsonl, one per (implementation, mode) and run, with
-TFLOP/s and the speed relative to cuDNN measured in the same run.
+TFLOP/s, the speed relative to cuDNN measured in the same run, and the median SM clock and board
+power while the mean was timed (nvidia-smi once a second: at the leaderboard's 10 s the board sits at
+its power limit and the clock it settles at differs between implementations).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +27,7 @@ import torch
 from ..bench.store import ResultStore
 from ..bench.sweep import free_memory, is_oom
 from ..bench.timing import gpu_bench
+from ..profiling.clocks import ClockSampler
 from .flops import attention_flops, tflops
 
 BENCH = "attention/flash_leaderboard"
@@ -69,6 +73,16 @@ def make_attention(impl: str, heads: int) -> Callable:
         compiled = torch.compile(naive_attention)
         return lambda q, k, v: compiled(q, k, v, True)
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def clock_summary(clocks: ClockSampler) -> dict[str, float | None]:
+    """Median SM clock and board power while the mean was timed (None without nvidia-smi)."""
+    rec = clocks.record()
+    col = {name: i for i, name in enumerate(rec["clock_sample_columns"])}
+    values = {n: [s[col[n]] for s in rec["clock_samples"] if s[col[n]] is not None] for n in ("sm_mhz", "power_w")}
+    return {"sm_mhz_median": statistics.median(values["sm_mhz"]) if values["sm_mhz"] else None,
+            "sm_mhz_min": rec["sm_mhz_min"],
+            "power_w_median": statistics.median(values["power_w"]) if values["power_w"] else None}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -143,14 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                 f(q, k, v)
 
             for mode, step in (("fwd_bwd", fwd_bwd), ("fwd", fwd)):
-                mean = gpu_bench(step, warmup_ms=args.warmup, rep_ms=args.rep, return_mode="mean")
+                with ClockSampler(period_s=1.0) as clocks:  # the SM clock follows the power limit
+                    mean = gpu_bench(step, warmup_ms=args.warmup, rep_ms=args.rep, return_mode="mean")
                 median = gpu_bench(step, warmup_ms=min(args.warmup, 200), rep_ms=args.median_rep, return_mode="median")
                 if impl == "cudnn":
                     cudnn_ms[mode] = mean
                 flops = attention_flops(args.batch, args.seq, args.seq, args.d, True, mode)
                 metrics = {"mean_ms": mean, "median_ms": median, "tflops": tflops(flops, mean),
                            "speed_vs_cudnn": cudnn_ms[mode] / mean if mode in cudnn_ms else None,
-                           **(checks if impl == "ours" else {})}
+                           **clock_summary(clocks), **(checks if impl == "ours" else {})}
                 store.append({**base, "impl": impl, "mode": mode}, metrics)
                 print(f"[leaderboard] {impl:6s} {mode:8s} mean {mean:.3f} ms  median {median:.3f} ms  "
                       f"{metrics['tflops']:.0f} TFLOP/s  vs cuDNN {metrics['speed_vs_cudnn'] or float('nan'):.2f}x",
