@@ -77,6 +77,17 @@ def host_us(prefix: str) -> float:
     return float(hit.host_us.iloc[0])
 
 
+def tma_launch_extra_us() -> float:
+    """Host µs a forward launch spends on TMA descriptors (creating them, passing them through
+    Triton's launcher) over the same launch with pointer loads."""
+    df = host_rows()
+    tma = df[df.piece.str.contains("TMA loads|tma=True", regex=True)]
+    ptr = df[df.piece == "ours: launch_fwd, pointers"]
+    if tma.empty or ptr.empty:
+        raise KeyError("host_overhead rows lack the TMA and pointer launches")
+    return float(tma.host_us.iloc[0] - ptr.host_us.iloc[0])
+
+
 def clock_samples(path: Path) -> pd.DataFrame:
     """nvidia-smi's CSV as (time UTC, SM MHz, watts)."""
     raw = pd.read_csv(path, skipinitialspace=True)

@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -38,7 +39,7 @@ def host_us(fn: Callable[[], object], calls: int) -> float:
 
 def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], object]]:
     """What a forward (and a forward+backward) step runs on the host, piece by piece."""
-    from .configs import FwdConfig, fwd_config
+    from .configs import fwd_config
     from .flash_launch import _descriptors, launch_fwd
     from .flash_triton import FlashAttentionTriton, check_triton_inputs
     from .leaderboard import make_attention
@@ -60,9 +61,8 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
         "ours: forward (torch.compile(Fn.apply), the leaderboard's call)": lambda: ours(q, k, v),
         "ours: forward (Fn.apply, eager)": lambda: FlashAttentionTriton.apply(q, k, v, True),
         "ours: input checks": lambda: check_triton_inputs(q, k, v, True),
-        f"ours: launch_fwd, tuned config (tma={tuned.tma})": lambda: launch_fwd(q4, k4, v4, True, tuned),
-        "ours: launch_fwd, pointers": lambda: launch_fwd(q4, k4, v4, True, FwdConfig(
-            tuned.block_m, tuned.block_n, tuned.num_warps, tuned.num_stages, tma=False)),
+        "ours: launch_fwd, TMA loads": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=True)),
+        "ours: launch_fwd, pointers": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=False)),
         "ours: three TensorDescriptors": lambda: _descriptors(q4, k4, v4, None, tuned.block_m, tuned.block_n),
         "cudnn: forward+backward step": step(cudnn),
         "ours: forward+backward step": step(ours),
