@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, Benchmark] = {
                                "the allocator checks of the seq 32768 OOM (reserved peak, max_split_size_mb)"),
     "flash-leaderboard": Benchmark("cs336_systems.attention.leaderboard", "leaderboard case: ours vs cuDNN/flash/flex/naive"),
     "flash-sweep": Benchmark("cs336_systems.attention.flash_sweep", "flash_benchmarking grid, ours vs PyTorch"),
+    "flash-host": Benchmark("cs336_systems.attention.host_overhead", "host time per attention call, GPU kept busy"),
     # Distributed (docs/collectives.md, ddp.md, sharding.md)
     "collectives": Benchmark("cs336_systems.distributed.collectives_bench", "all-reduce sizes x backends x world sizes", gpu=False),
     "ddp": Benchmark("cs336_systems.distributed.ddp_bench", "the DDP stages vs torch DDP", gpu=False),
