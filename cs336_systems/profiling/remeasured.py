@@ -94,7 +94,7 @@ def remeasured_note() -> str:
     cells = ", ".join(dict.fromkeys(r["size"]))
     lo, hi = r.loc[r["change"].idxmin()], r.loc[r["change"].idxmax()]
     cv = (r.new_std_ms / r.new_ms).max()
-    text = (f"The bf16 cells of {cells} were measured a second time, in a later GPU call, with the GPU's SM "
+    text = (f"The bf16 cells of {cells} were measured a second time, in a later run, with the GPU's SM "
             f"clock, power and temperature sampled beside them. The speed-up table uses the newest row of each "
             f"cell; the first rows stay in the results file and in this table. Between the two runs the means "
             f"moved by {lo.change:+.0%} ({lo['size']} {lo['mode']}) to {hi.change:+.0%} ({hi['size']} "
@@ -135,14 +135,14 @@ def _reading(r: pd.DataFrame) -> str:
     k512 = k[k["context"] == 512].set_index("size")
     fwd = r[r["mode"] == "forward"].set_index("size")
     parts = [f"{s}: {k512.loc[s, 'fwd_launches']:,.0f} launches, about {k512.loc[s, 'fwd_launches'] * us / 1e3:.0f} ms, "
-             f"against a bf16 forward of {fwd.loc[s, 'first_ms']:.0f} and {fwd.loc[s, 'new_ms']:.0f} ms"
+             f"against bf16 forwards of {fwd.loc[s, 'first_ms']:.0f} and {fwd.loc[s, 'new_ms']:.0f} ms in the two runs"
              for s in big if s in k512.index and s in fwd.index]
     return ("*Our reading, not measured:* these bf16 steps are short enough for the CPU to set their pace. "
             f"The launch-bound small model at context {small.context} spends {us:.0f} µs of Python per kernel "
-            f"launch (its unprofiled fp32 forward over its {small.fwd_launches:,.0f} launches in the profile); at that "
-            f"rate the fp32 forwards' launches at context 512 alone take ({'; '.join(parts)}), before the casts "
-            f"autocast adds. That is the same order as the bf16 forwards. When launching takes about as long as the GPU's "
-            f"work, the step time follows the "
-            f"host CPU, which the GPU clock does not record. A profile of one bf16 step (kernel time against "
-            f"the range, as in `nsys_profile`) would test this. Until then, read the bf16 times of these "
-            f"sizes, and the speed-ups built on them, as good to about the change column above.")
+            f"launch (its unprofiled fp32 forward divided by its {small.fwd_launches:,.0f} launches in the profile). At that "
+            f"rate, just launching the kernels of an fp32 forward at context 512 takes: {'; '.join(parts)}; "
+            f"autocast's casts add launches on top. That is the same order as the bf16 forwards. When launching "
+            f"takes about as long as the GPU's work, the step time follows the host CPU, which the GPU clock "
+            f"does not record. A profile of one bf16 step (kernel time against the range, as in "
+            f"`nsys_profile`) would test this; we have not run one. So read the bf16 times of these sizes, and "
+            f"the speed-ups built on them, as good to about the change column above.")
