@@ -95,6 +95,8 @@ def test_one_rank_count_is_fitted_and_the_rank_trend_is_declined(gpu_host_rows):
     assert fits.loc[("nccl", "cuda"), "knee_bytes"] == pytest.approx(5e-5 * 3e11, rel=1e-6)
     table = summary.latency_bandwidth_table("x")
     assert "Only one rank count" in table and "nccl+CUDA" in table
+    quiet = summary.latency_bandwidth_table("x", note_single_rank_count=False)
+    assert "Only one rank count" not in quiet and "nccl+CUDA" in quiet
     rows = [line for line in table.splitlines() if line.startswith("| gloo")]
     assert [r.split("|")[1].strip() for r in rows] == ["gloo+CPU", "gloo+CUDA"]
 

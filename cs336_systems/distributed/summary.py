@@ -202,8 +202,9 @@ def latency_bandwidth_fits(device: str = "cpu") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def latency_bandwidth_table(device: str = "cpu") -> str:
-    """The fits as a table, then what the measured rank counts cannot tell (one line)."""
+def latency_bandwidth_table(device: str = "cpu", note_single_rank_count: bool = True) -> str:
+    """The fits as a table, then what the measured rank counts cannot tell (one line; leave it out
+    with `note_single_rank_count=False` where the page already says so)."""
     fits = latency_bandwidth_fits(device)
     shown = pd.DataFrame({
         "backend": fits["backend"] + "+" + fits["device_type"].str.upper(),
@@ -216,7 +217,7 @@ def latency_bandwidth_table(device: str = "cpu") -> str:
     out = markdown_table(shown, floatfmt=".3g")
     single = [f"{b}+{d.upper()}" for (b, d), g in fits.groupby(["backend", "device_type"])
               if g["world_size"].nunique() < 2]
-    if single:
+    if single and note_single_rank_count:
         out += ("\n\nOnly one rank count was measured for " + ", ".join(single) + ": how the "
                 "fixed cost o grows with the number of ranks (a ring pays it in 2(n-1) steps) "
                 "cannot be fitted from these rows.")
