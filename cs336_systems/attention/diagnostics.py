@@ -18,9 +18,9 @@ CLOCKS_DIR = Path("results/attention/clocks")  # nvidia-h200-<start UTC>.csv, on
 # flash_bwd_kernel.py at git 20201d038c9c, `fixeddiag` the file at d0f7cc500f96, `rtdiag` that
 # file with the diagonal loop's end put back to min(end of the diagonal, n_queries).
 AB_VERSIONS = {
-    "old": "as timed before TMA (git 20201d038c9c)",
+    "old": "as timed at git 20201d038c9c (before the dP reordering and TMA)",
     "fixeddiag": "TMA option, diagonal loop with a fixed trip count (git d0f7cc500f96)",
-    "rtdiag": "TMA option, diagonal loop stops at n_queries (today's kernel)",
+    "rtdiag": "TMA option, diagonal loop stops at n_queries (the kernel on this page)",
 }
 
 
@@ -62,8 +62,15 @@ def host_rows() -> pd.DataFrame:
     return df[df.run == df.run.max()]
 
 
+# Piece names as the committed run wrote them -> as host_overhead.py names them now (the run at
+# 7175b5e289f7 called the TMA launch "tuned config (tma=True)"; the tuned forward has since
+# switched to pointer loads, so that name would mislead).
+HOST_PIECE_NAMES = {"ours: launch_fwd, tuned config (tma=True)": "ours: launch_fwd, TMA loads"}
+
+
 def host_table() -> str:
-    df = host_rows()[["piece", "host_us", "host_us_min"]].rename(
+    df = host_rows().assign(piece=lambda d: d.piece.replace(HOST_PIECE_NAMES))
+    df = df[["piece", "host_us", "host_us_min"]].rename(
         columns={"piece": "what the host issues", "host_us": "µs per call (median)", "host_us_min": "min"})
     return (markdown_table(df, formats={"µs per call (median)": ".0f", "min": ".0f"})
             + "\n\n" + provenance_line(load_results(HOST_BENCH), f"results/{HOST_BENCH}/nvidia-h200.jsonl"))
@@ -126,6 +133,9 @@ def leaderboard_clock_rows() -> pd.DataFrame:
 
 
 def leaderboard_clock_table() -> str:
-    df = leaderboard_clock_rows().drop(columns=["clocks file"])
-    return markdown_table(df, formats={"mean ms": ".3f", "SM MHz (median, busy)": ".0f", "SM MHz (min)": ".0f",
-                                       "W (median, busy)": ".0f"})
+    rows = leaderboard_clock_rows()
+    files = ", ".join(f"`{CLOCKS_DIR / name}`" for name in sorted(set(rows["clocks file"])))
+    df = rows.drop(columns=["clocks file"])
+    return (markdown_table(df, formats={"mean ms": ".3f", "SM MHz (median, busy)": ".0f", "SM MHz (min)": ".0f",
+                                        "W (median, busy)": ".0f"})
+            + f"\n\n*Samples: {files} (nvidia-smi every 250 ms); rows: `results/attention/flash_leaderboard/nvidia-h200.jsonl`.*")

@@ -250,6 +250,7 @@ def sweep_facts() -> dict[str, float]:
         t, n = get("triton", dt, 64, 16384, "fwd_bwd"), get("naive", dt, 64, 16384, "fwd_bwd")
         out[f"speedup_vs_naive_{dt}_d64_16k"] = float(n.ms.iloc[0] / t.ms.iloc[0])
         tm, nm = get("triton", dt, 64, 65536, "fwd_bwd"), get("naive", dt, 64, 65536, "fwd_bwd")
+        out[f"speedup_vs_naive_{dt}_d64_64k"] = float(nm.ms.iloc[0] / tm.ms.iloc[0])
         out[f"mem_triton_{dt}_d64_64k_gb"] = float(tm.peak_mem_gb.iloc[0])
         out[f"mem_naive_{dt}_d64_64k_gb"] = float(nm.peak_mem_gb.iloc[0])
     out["oom_cells"] = int((df.status == "oom").sum())
