@@ -184,7 +184,7 @@ def backward_history_rows() -> list[dict]:
 def backward_history_table() -> str:
     df = pd.DataFrame(backward_history_rows())
     fmt = {c: ".3f" for c in df.columns if c not in ("tuning run", "git")}
-    return (markdown_table(df.fillna("not built"), formats=fmt)
+    return (markdown_table(df.astype(object).where(df.notna(), "not built"), formats=fmt)
             + "\n\n" + provenance_line(load_results("attention/flash_tune"), _src("attention/flash_tune")))
 
 
