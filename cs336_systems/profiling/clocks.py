@@ -7,6 +7,7 @@ Without nvidia-smi (a CPU machine) every reading is None and the sample list sta
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import threading
 import time
@@ -73,6 +74,9 @@ class ClockSampler:
 
     def record(self) -> dict:
         sm = [s[1] for s in self.samples if s[1] is not None]
+        power = [s[3] for s in self.samples if s[3] is not None]
         return {"clocks_before": self.before, "clocks_after": self.after, "clock_samples": self.samples,
                 "clock_sample_columns": ["t_s", *NAMES], "sampled_s": getattr(self, "elapsed_s", None),
-                "sm_mhz_min": min(sm) if sm else None, "sm_mhz_max": max(sm) if sm else None}
+                "sm_mhz_min": min(sm) if sm else None, "sm_mhz_max": max(sm) if sm else None,
+                "sm_mhz_median": statistics.median(sm) if sm else None,
+                "power_w_median": statistics.median(power) if power else None}
