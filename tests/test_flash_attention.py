@@ -122,11 +122,12 @@ def test_triton_tile_configs(fwd, bwd, is_causal):
 # them, zero-filling boxes that run past the end like the copy engine does).
 TMA = [BwdConfig(16, 32, 32, 16, tma1=True, tma2=True),  # two launches, ragged boxes both ways
        BwdConfig(32, 16, 16, 32, fused=True, tma1=True, tma2=True),  # one launch, each pass's boxes
-       BwdConfig(16, 16, 16, 16, fused=True, tma1=True)]  # one launch, dQ pass by pointers
+       BwdConfig(16, 16, 16, 16, fused=True, tma1=True),  # one launch, dQ pass by pointers
+       BwdConfig(16, 32, 16, 32, one_pass=True, tma1=True)]  # one pass (dQ atomics by pointers here)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("bwd", TMA, ids=["two-launch", "fused", "fused-dkdv-only"])
+@pytest.mark.parametrize("bwd", TMA, ids=["two-launch", "fused", "fused-dkdv-only", "one-pass"])
 def test_triton_tma_backward(bwd, is_causal, monkeypatch):
     from cs336_systems.attention import flash_launch
 
@@ -310,7 +311,11 @@ def test_gpu_leaderboard_layout_under_compile(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("bwd", [BwdConfig(64, 64, 64, 64, 4, 3, 4, 3, one_pass=True),
-                                 BwdConfig(32, 128, 32, 128, 8, 2, 8, 2, one_pass=True)], ids=["m64n64", "m32n128"])
+                                 BwdConfig(32, 128, 32, 128, 8, 2, 8, 2, one_pass=True),
+                                 # TMA loads, and dQ added by TMA bulk reductions (GPU only)
+                                 BwdConfig(64, 64, 64, 64, 4, 3, 4, 3, one_pass=True, tma1=True),
+                                 BwdConfig(64, 128, 64, 128, 8, 3, 8, 3, one_pass=True, tma1=True)],
+                         ids=["m64n64", "m32n128", "m64n64-tma", "m64n128-tma"])
 @pytest.mark.parametrize("shape", [(2, 4, 1000, 1000, 80), (1, 3, 777, 1531, 64), (3, 2, 1200, 300, 128),
                                    (4, None, 1024, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_one_pass_backward(shape, bwd, is_causal, dtype):

@@ -108,7 +108,11 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
         elif kind == "onepass":  # EVEN_N: the timed shapes are multiples of the key tile
             fn = B1.bwd_onepass_kernel
             ptrs["DQ"] = "*fp32"  # the atomics accumulate into an fp32 buffer, whatever the dtype
-            const = common | dict(EVEN_N=True, BLOCK_M=config.block_m1, BLOCK_N=config.block_n1)
+            const = common | dict(EVEN_N=True, BLOCK_M=config.block_m1, BLOCK_N=config.block_n1,
+                                  TMA=config.tma1, DQ_TMA=config.tma1, NO_TAIL=no_tail)
+            if config.tma1:
+                ptrs |= descs(("Q", "K", "V", "DO"), config.block_m1, config.block_n1)
+                ptrs["DQ"] = f"tensordesc<fp32[1, 1, {config.block_m1}, {pad}]>"
             warps, stages = config.num_warps1, config.num_stages1
         elif kind == "dq":
             fn, const = B.bwd_dq_kernel, common | dict(BLOCK_M=config.block_m2, BLOCK_N=config.block_n2,
@@ -138,6 +142,7 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
     if kind == "onepass":  # the only kernel with atomics: red (result unused) or atom (result used)
         atomics = collections.Counter(_ATOMICS.findall(k.asm["ptx"]))
         out["red"], out["atom"] = atomics.get("red", 0), atomics.get("atom", 0)
+        out["tma_reduce"] = len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", k.asm["ptx"]))
     return out
 
 

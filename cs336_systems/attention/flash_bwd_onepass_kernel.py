@@ -27,21 +27,24 @@ Do not import this module directly: `triton_loader.kernels(__name__)` loads it f
 import triton
 import triton.language as tl
 
-from .tile_io import LOG2E, load_rows, store_rows
+from .tile_io import LOG2E, head_base, load_rows, load_tile, store_rows
 
 
 # --8<-- [start:onepass_tiles]
 @triton.jit
 def onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
-                        stride_dn, stride_dd, offs_n, offs_d, lo, hi, n_queries, n_keys, qk_scale, sm_scale,
+                        stride_dn, stride_dd, z, h, offs_n, offs_d, lo, hi, n_queries, n_keys, qk_scale, sm_scale,
                         CAUSAL: tl.constexpr, MASKED: tl.constexpr, EVEN_N: tl.constexpr,
-                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                        TMA: tl.constexpr, DQ_TMA: tl.constexpr):
     """Query tiles [lo, hi): accumulate into this key tile's dK, dV; add their dQ rows atomically."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        q = load_rows(q_base, offs_m, offs_d, stride_qn, stride_qd, n_queries, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-        do = load_rows(do_base, offs_m, offs_d, stride_dn, stride_dd, n_queries, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+        q = load_tile(q_base, z, h, start_m, offs_m, offs_d, stride_qn, stride_qd, n_queries, MASKED,
+                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
+        do = load_tile(do_base, z, h, start_m, offs_m, offs_d, stride_dn, stride_dd, n_queries, MASKED,
+                       HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, TMA)
         if MASKED:  # a missing query row gets L = +inf, so its P is exactly 0
             L2 = tl.load(L_row + offs_m, mask=offs_m < n_queries, other=float("inf")) * LOG2E
             Di = tl.load(D_row + offs_m, mask=offs_m < n_queries, other=0.0)
@@ -59,14 +62,17 @@ def onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, st
         dsT = (pT * (dpT - Di[None, :])).to(q.dtype)
         dk = tl.dot(dsT, q, dk)
         dq = tl.dot(tl.trans(dsT), k) * sm_scale  # (BLOCK_M, HEAD_DIM_PAD) fp32, this key tile's share
-        dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        if MASKED:
-            tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM),
-                          sem="relaxed")
-        elif HEAD_DIM != HEAD_DIM_PAD:
-            tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
-        else:
-            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+        if DQ_TMA:  # the tile goes to shared memory; the TMA engine adds it into global (rows past n_q dropped)
+            dq_base.atomic_add([z, h, start_m, 0], dq.reshape(1, 1, BLOCK_M, HEAD_DIM_PAD))
+        else:  # every thread adds its elements (vectorised red.global)
+            dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM),
+                              sem="relaxed")
+            elif HEAD_DIM != HEAD_DIM_PAD:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 # --8<-- [end:onepass_tiles]
 
@@ -77,24 +83,33 @@ def bwd_onepass_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV,
                        stride_vz, stride_vh, stride_vn, stride_vd, stride_dz, stride_dh, stride_dn, stride_dd,
                        n_heads, n_queries, n_keys, qk_scale, sm_scale,
                        CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       TMA: tl.constexpr = False, DQ_TMA: tl.constexpr = False, NO_TAIL: tl.constexpr = False):
     """Grid (key tiles, Z*H). DQ is a zeroed fp32 (Z, H, n_q, d); DQ, DK, DV are contiguous.
+    With TMA, Q, K, V, DO are descriptors (boxes of BLOCK_M rows for Q, DO, BLOCK_N for K, V); with
+    DQ_TMA, DQ is a descriptor (box BLOCK_M rows) and the dQ shares are added by the TMA engine.
+    NO_TAIL: no ragged last query tile (see flash_bwd_kernel.dkdv_program).
     Causal: key tile 0 sees every query, so it goes first."""
     lin = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
     n_bh = tl.num_programs(1)
     tile = lin // n_bh
     bh = lin % n_bh
-    z = (bh // n_heads).to(tl.int64)
-    h = (bh % n_heads).to(tl.int64)
+    zi = bh // n_heads
+    hi = bh % n_heads
+    z = zi.to(tl.int64)
+    h = hi.to(tl.int64)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    k = load_rows(K + z * stride_kz + h * stride_kh, offs_n, offs_d, stride_kn, stride_kd, n_keys,
-                  True, HEAD_DIM, HEAD_DIM_PAD)
-    v = load_rows(V + z * stride_vz + h * stride_vh, offs_n, offs_d, stride_vn, stride_vd, n_keys,
-                  True, HEAD_DIM, HEAD_DIM_PAD)
-    q_base = Q + z * stride_qz + h * stride_qh
-    do_base = DO + z * stride_dz + h * stride_dh
-    dq_base = DQ + bh.to(tl.int64) * n_queries * HEAD_DIM
+    k = load_tile(head_base(K, z, h, stride_kz, stride_kh, TMA), zi, hi, tile * BLOCK_N, offs_n, offs_d,
+                  stride_kn, stride_kd, n_keys, True, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
+    v = load_tile(head_base(V, z, h, stride_vz, stride_vh, TMA), zi, hi, tile * BLOCK_N, offs_n, offs_d,
+                  stride_vn, stride_vd, n_keys, True, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
+    q_base = head_base(Q, z, h, stride_qz, stride_qh, TMA)
+    do_base = head_base(DO, z, h, stride_dz, stride_dh, TMA)
+    if DQ_TMA:
+        dq_base = DQ
+    else:
+        dq_base = DQ + bh.to(tl.int64) * n_queries * HEAD_DIM
     L_row = L + bh.to(tl.int64) * n_queries
     D_row = Delta + bh.to(tl.int64) * n_queries
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
@@ -105,20 +120,21 @@ def bwd_onepass_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV,
         lo = tile * BLOCK_N
         lo_full = lo + (BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         dk, dv = onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
-                                     stride_dn, stride_dd, offs_n, offs_d, lo, tl.minimum(lo_full, n_queries),
+                                     stride_dn, stride_dd, zi, hi, offs_n, offs_d, lo, tl.minimum(lo_full, n_queries),
                                      n_queries, n_keys, qk_scale, sm_scale,
-                                     CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
+                                     CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA)
     else:
         lo_full = 0
     hi_full = lo_full + tl.maximum(n_queries - lo_full, 0) // BLOCK_M * BLOCK_M
     dk, dv = onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
-                                 stride_dn, stride_dd, offs_n, offs_d, lo_full, hi_full,
+                                 stride_dn, stride_dd, zi, hi, offs_n, offs_d, lo_full, hi_full,
                                  n_queries, n_keys, qk_scale, sm_scale,
-                                 CAUSAL, False, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
-    dk, dv = onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
-                                 stride_dn, stride_dd, offs_n, offs_d, hi_full, n_queries,
-                                 n_queries, n_keys, qk_scale, sm_scale,
-                                 CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
+                                 CAUSAL, False, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA)
+    if not NO_TAIL:
+        dk, dv = onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
+                                     stride_dn, stride_dd, zi, hi, offs_n, offs_d, hi_full, n_queries,
+                                     n_queries, n_keys, qk_scale, sm_scale,
+                                     CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA)
     out = bh.to(tl.int64) * n_keys * HEAD_DIM
     store_rows(DK + out, dk * sm_scale, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)
     store_rows(DV + out, dv, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)

@@ -73,8 +73,11 @@ def dq_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int
 
 
 def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int, int]]:
-    """(block_m1, block_n1, warps, stages) of the one-pass backward: the dK/dV pass's tilings (its
-    program is that pass plus one matmul and the dQ atomics), not yet narrowed by any measurement."""
+    """(block_m1, block_n1, warps, stages) of the one-pass backward: its program is the dK/dV pass
+    plus one matmul and the dQ atomics. Wide search: 16-query steps are left out (the dQ matmul
+    would have 16 rows, below a warpgroup MMA's 64), 128-query steps added."""
+    if wide:
+        return list(itertools.product((32, 64, 128), (64, 128), (4, 8), (2, 3, 4, 5)))
     return dkdv_candidates(dtype, d, wide)
 # --8<-- [end:candidates]
 
@@ -85,10 +88,10 @@ def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False, tma1: bool = False, tm
     return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused, tma1=tma1, tma2=tma2)
 
 
-def onepass_from(c: tuple) -> BwdConfig:
+def onepass_from(c: tuple, tma: bool = False) -> BwdConfig:
     """The *2 fields are unused by the one-pass kernel; they repeat the *1 fields."""
     m, n, w, s = c
-    return BwdConfig(m, n, m, n, w, s, w, s, one_pass=True)
+    return BwdConfig(m, n, m, n, w, s, w, s, one_pass=True, tma1=tma)
 
 
 # (key, Z, N, d, dtype, wide search). The leaderboard shape stands for bf16-d64-causal-large.
@@ -233,7 +236,7 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
             # each tiling with pointer loads and with TMA descriptors (Hopper)
             "dkdv": [bwd_from(c, (64, 32, 4, 2), tma1=t) for c in dkdv_candidates(dtype, d, wide) for t in TMA],
             "dq": [bwd_from((32, 64, 4, 2), c, tma2=t) for c in dq_candidates(dtype, d, wide) for t in TMA],
-            "onepass": [onepass_from(c) for c in onepass_candidates(dtype, d, wide)]}))
+            "onepass": [onepass_from(c, t) for c in onepass_candidates(dtype, d, wide) for t in TMA]}))
     jobs = [(kind, c, Z, N, d, dt) for _, Z, N, d, dt, _, cands in plans for kind, cs in cands.items() for c in cs]
     started = time.perf_counter()
     errors = precompile(pool, jobs)
