@@ -319,8 +319,9 @@ def test_gpu_leaderboard_layout_under_compile(dtype):
 @pytest.mark.parametrize("shape", [(2, 4, 1000, 1000, 80), (1, 3, 777, 1531, 64), (3, 2, 1200, 300, 128),
                                    (4, None, 1024, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_one_pass_backward(shape, bwd, is_causal, dtype):
-    if dtype == torch.float32 and bwd.block_n1 == 128 and shape[-1] > 64:
-        pytest.skip("fp32, 128 keys, head dim padded to 128: over 227 KB of shared memory (compile_report)")
+    if dtype == torch.float32 and (bwd.block_n1 == 128 or bwd.tma1) and shape[-1] > 64:
+        # (the TMA version stages each fp32 dQ tile in shared memory for the bulk reduction: 322 KB at 64 x 64)
+        pytest.skip("fp32, head dim padded to 128, 128 keys or TMA: over 227 KB of shared memory (compile_report)")
     with override(bwd=bwd):
         run_and_check("triton", *shape, is_causal, dtype=dtype)
 

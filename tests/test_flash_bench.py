@@ -5,10 +5,11 @@ from __future__ import annotations
 import collections
 import time
 
+import pandas as pd
 import pytest
 import torch
 
-from cs336_systems.attention import configs, flash_sweep, plots, tune
+from cs336_systems.attention import configs, flash_sweep, flash_tables, plots, tune
 from cs336_systems.attention.configs import BwdConfig, FwdConfig
 from cs336_systems.attention.flops import attention_flops
 from cs336_systems.bench.store import ResultStore
@@ -104,7 +105,8 @@ def test_sweep_flow_and_plots_on_the_interpreter(tmp_path, monkeypatch):
 
     monkeypatch.setattr(flash_pytorch, "compiled_attention_backward", flash_pytorch.attention_backward)
     args = type("Args", (), dict(results_dir=tmp_path, impls=["triton", "naive", "pytorch", "sdpa"], dtypes=["fp32"],
-                                 dims=[16], seqs=[32, 48], modes=["fwd", "bwd", "fwd_bwd"], workers=1, max_minutes=5))
+                                 dims=[16], seqs=[32, 48], modes=["fwd", "bwd", "fwd_bwd"], workers=1, max_minutes=5,
+                                 remeasure=False))
     monkeypatch.setattr(flash_sweep.torch.cuda, "is_available", lambda: False)
     flash_sweep.run(args)
     store = ResultStore(flash_sweep.BENCH, key=["impl"], root=tmp_path)
@@ -117,6 +119,13 @@ def test_sweep_flow_and_plots_on_the_interpreter(tmp_path, monkeypatch):
     assert status[("sdpa", 32, "fwd")] == "unsupported"  # no fp32 kernels
     flash_sweep.run(args)  # resumes: nothing left to do
     assert len(store.rows()) == len(rows)
+    args.impls, args.remeasure = ["triton", "sdpa"], True  # after a kernel change: ours again, skips stay
+    flash_sweep.run(args)
+    again = store.rows()[len(rows):]
+    assert sorted((r["impl"], r["seq"], r["mode"]) for r in again) == sorted(
+        ("triton", n, m) for n in (32, 48) for m in ("fwd", "bwd", "fwd_bwd"))
+    newest = pd.DataFrame(store.rows()).drop_duplicates(flash_tables.SWEEP_CELL, keep="last")
+    assert len(newest) == len(rows) and set(newest[newest.impl == "triton"].ms) == {r["ms"] for r in again}
     ok = [r for r in rows if r["status"] == "ok"]
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in ok)
     paths = plots.plot_all(tmp_path, store.path.stem, out_dir=tmp_path / "png")

@@ -1,6 +1,7 @@
 """The flash_benchmarking grid: our FlashAttention-2 against PyTorch, by sequence length and head dim.
 
     just bench flash-sweep [--impls triton,sdpa,naive,pytorch] [--max-minutes 4]
+    just bench flash-sweep --impls triton --remeasure   # re-time our kernels after a change
     just bench flash-sweep --plot      # PNGs from the committed results (CPU is fine)
 
 Batch 1, causal, seq 2^7..2^16, d 16..128, bf16 and fp32; forward, backward and forward+backward,
@@ -124,6 +125,10 @@ def cells(impls, dtypes, dims, seqs, modes) -> list[dict]:
 def run(args) -> int:
     store = ResultStore(BENCH, key=["impl", "dtype", "d", "seq", "mode"], root=args.results_dir)
     grid = cells(args.impls, args.dtypes, args.dims, args.seqs, args.modes)
+    if args.remeasure:  # measure again; the old rows stay in the file, readers keep the newest
+        for cell in grid:
+            if not skip_reason(cell["impl"], cell["dtype"], cell["seq"]):
+                store.forget(cell)
     # Pointless or impossible cells are recorded without touching the GPU.
     for cell in grid:
         if not store.has(cell) and (reason := skip_reason(cell["impl"], cell["dtype"], cell["seq"])):
@@ -151,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=60.0, help="start no new group after this long")
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
                     help="processes compiling the Triton kernels ahead of timing")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="time the selected cells again even if stored (e.g. after a kernel change)")
     ap.add_argument("--plot", action="store_true", help="only draw the plots from stored results")
     ap.add_argument("--results-dir", default=None)
     ap.add_argument("--device", default="nvidia-h200", help="results file to plot (with --plot)")

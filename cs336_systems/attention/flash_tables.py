@@ -208,8 +208,12 @@ def chosen_configs_table() -> str:
 
 # -- sweep --------------------------------------------------------------------------------------
 
+SWEEP_CELL = ["impl", "dtype", "d", "seq", "mode"]
+
+
 def sweep_rows() -> pd.DataFrame:
-    return load_results("attention/flash_sweep")
+    """One row per cell: the newest (a cell re-measured with `--remeasure` keeps its old rows)."""
+    return load_results("attention/flash_sweep").drop_duplicates(SWEEP_CELL, keep="last").reset_index(drop=True)
 
 
 def sweep_table(dtype: str, mode: str, value: str = "ms") -> str:

@@ -109,7 +109,10 @@ def plot_leaderboard(df: pd.DataFrame, out_dir: Path) -> Path:
 
 def plot_all(root: str | Path | None = None, device: str = "nvidia-h200", out_dir: Path = PLOT_DIR) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = plot_sweep(_rows("attention/flash_sweep", device, root), out_dir)
+    from .flash_tables import SWEEP_CELL
+
+    # a re-measured cell keeps its old rows in the file; the newest one is plotted
+    paths = plot_sweep(_rows("attention/flash_sweep", device, root).drop_duplicates(SWEEP_CELL, keep="last"), out_dir)
     try:
         paths.append(plot_leaderboard(_rows("attention/flash_leaderboard", device, root), out_dir))
     except FileNotFoundError:
