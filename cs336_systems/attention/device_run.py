@@ -5,6 +5,7 @@
 Steps (each a subprocess with its own time limit, so one hang cannot sink the call):
   tune         measure kernel configs, regenerate tuned_configs.py (used by every later step)
   tune-lb      the same, for the leaderboard shape only
+  tune-sweep   the same, for the sweep's shapes only
   pytest       the attention tests on the GPU (pytest-xdist), log under results/attention/flash_gpu_tests/
   leaderboard  ours vs cuDNN / flash / flex / compiled naive at the leaderboard case
   sweep        the flash_benchmarking grid (resumes; stops starting work near the budget's end)
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pytest-workers", type=int, default=8)
     ap.add_argument("--tune-limit-s", type=float, default=300)  # every tiling is timed with and without TMA
     args = ap.parse_args(argv)
-    known = {"tune", "tune-lb", "pytest", "leaderboard", "sweep"}
+    known = {"tune", "tune-lb", "tune-sweep", "pytest", "leaderboard", "sweep"}
     steps = [s for s in args.steps.split(",") if s]
     if bad := [s for s in steps if s not in known]:
         ap.error(f"--steps: unknown {bad}; choose from {sorted(known)}")
@@ -69,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"=== no time left for {step}", flush=True)
             rcs[step] = "skipped"
             continue
-        if step in ("tune", "tune-lb"):
+        if step in ("tune", "tune-lb", "tune-sweep"):
             cmd = [PY, "-m", "cs336_systems.attention.configs", "tune", "--write"]
-            rcs[step] = _run(cmd + (["--only", "leaderboard"] if step == "tune-lb" else []),
-                             min(left(), args.tune_limit_s))
+            only = {"tune-lb": ["--only", "leaderboard"], "tune-sweep": ["--only", "sweep"]}.get(step, [])
+            rcs[step] = _run(cmd + only, min(left(), args.tune_limit_s))
         elif step == "pytest":
             log_dir = REPO_ROOT / "results" / "attention" / "flash_gpu_tests"
             log_dir.mkdir(parents=True, exist_ok=True)
