@@ -73,6 +73,20 @@ def test_table_picks_the_fastest_of_the_latest_run():
     assert tune.choose(rows + again)["fwd"]["k"] == fwd_a
 
 
+def test_table_takes_a_key_from_its_own_shape():
+    """A later run at another shape of the same key (the sweep's batch 1 at 65,536 for the
+    leaderboard's key) does not replace the leaderboard shape's choice."""
+    key, Z, N = tune.tune_shapes("leaderboard")[0][:3]
+    assert key not in [s[0] for s in tune.tune_shapes("sweep")]
+
+    def row(config, ms, run, z, n):
+        return {"key": key, "kernel": "fwd", "config": config, "ms": ms, "run": run, "status": "ok", "Z": z, "seq": n}
+    own, other = {"block_m": 128}, {"block_m": 64}
+    rows = [row(own, 1.0, "1", Z, N), row(other, 0.5, "1", Z, N), row(own, 0.1, "2", 1, 4 * N)]
+    assert tune.choose(rows)["fwd"][key] == other  # run "2" is at another shape: ignored
+    assert tune.choose(rows[:2] + [row(own, 0.1, "2", Z, N)])["fwd"][key] == own
+
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
 def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "DEVICE", "cpu")

@@ -104,7 +104,8 @@ def _tile(kernel: str, c: dict) -> str:
 
 def _tma(kernel: str, c: dict) -> str:
     """Which passes load through TMA descriptors (rows from before the option have no such field)."""
-    passes = {"fwd": ["tma"], "dkdv": ["tma1"], "dq": ["tma2"], "fused": ["tma1", "tma2"]}.get(kernel, [])
+    passes = {"fwd": ["tma"], "dkdv": ["tma1"], "dq": ["tma2"], "fused": ["tma1", "tma2"],
+              "onepass": ["tma1"]}.get(kernel, [])
     on = [p for p in passes if c.get(p)]
     if not on:
         return ""
@@ -118,6 +119,8 @@ def _tiles(kernel: str, c: dict) -> str:
         return f"{c['block_n1']} keys x {c['block_m1']} queries, {c['num_warps1']} w, {c['num_stages1']} st"
     if kernel == "dq":
         return f"{c['block_m2']} queries x {c['block_n2']} keys, {c['num_warps2']} w, {c['num_stages2']} st"
+    if kernel == "onepass":
+        return f"{c['block_n1']} keys x {c['block_m1']} queries, {c['num_warps1']} w, {c['num_stages1']} st"
     return (f"dK/dV {c['block_n1']}x{c['block_m1']}, dQ {c['block_m2']}x{c['block_n2']}, "
             f"{c['num_warps1']} w, {c['num_stages1']} st")
 
@@ -201,8 +204,9 @@ def chosen_configs_table() -> str:
     for key in sorted(set(TUNED["fwd"]) | set(TUNED["bwd"])):
         f, b = TUNED["fwd"].get(key), TUNED["bwd"].get(key)
         rows.append({"key (dtype-d-mask-size)": key, "forward": _tile("fwd", f) if f else "—",
-                     "backward": ("one launch: " + _tile("fused", b)) if b and b["fused"] else
-                     (f"dK/dV {_tile('dkdv', b)}; dQ {_tile('dq', b)}" if b else "—")})
+                     "backward": "—" if not b else ("one launch: " + _tile("fused", b)) if b["fused"] else
+                     ("one pass, dQ by atomics: " + _tile("onepass", b)) if b.get("one_pass") else
+                     f"dK/dV {_tile('dkdv', b)}; dQ {_tile('dq', b)}"})
     return markdown_table(pd.DataFrame(rows))
 
 

@@ -96,15 +96,15 @@ def onepass_from(c: tuple, tma: bool = False) -> BwdConfig:
 
 # (key, Z, N, d, dtype, wide search). The leaderboard shape stands for bf16-d64-causal-large.
 def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
-    shapes = []
-    if only in (None, "leaderboard"):
-        shapes.append((table_key(torch.bfloat16, 64, True, "large"), 16, 16384, 64, "bf16", True))
+    leaderboard = (table_key(torch.bfloat16, 64, True, "large"), 16, 16384, 64, "bf16", True)
+    shapes = [leaderboard] if only in (None, "leaderboard") else []
     if only in (None, "sweep"):
-        # Small launches (a few programs) are latency-bound: they borrow the medium entry.
+        # Small launches (a few programs) are latency-bound: they borrow the medium entry. The
+        # leaderboard's key is tuned at the leaderboard's shape only (`--only sweep` leaves it alone).
         for dt, d, (size, n) in itertools.product(("bf16", "fp32"), (16, 32, 64, 128),
                                                   (("medium", 16384), ("large", 65536))):
-            key = table_key(DTYPES[dt], d, True, size)
-            if not any(s[0] == key for s in shapes):
+            key = table_key({"bf16": torch.bfloat16, "fp32": torch.float32}[dt], d, True, size)
+            if key != leaderboard[0]:
                 shapes.append((key, 1, n, d, dt, False))
     return shapes
 
@@ -273,7 +273,12 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
 def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
     """The table: per key, the fastest forward; for backward the fastest of (best dK/dV + best dQ),
     the best fused launch and the best one-pass backward. Only each key's latest tuning run counts;
-    where it has confirmation rounds for a kernel, their medians decide (single timings otherwise)."""
+    where it has confirmation rounds for a kernel, their medians decide (single timings otherwise).
+    Where a key has rows at its own shape (`tune_shapes`), rows at other shapes do not count."""
+    shape_of = {key: (Z, N) for key, Z, N, *_ in tune_shapes(None)}
+    at_own = lambda r: (r.get("Z"), r.get("seq")) == shape_of.get(r.get("key"))  # noqa: E731
+    own_keys = {r["key"] for r in rows if at_own(r)}
+    rows = [r for r in rows if r.get("key") not in own_keys or at_own(r)]
     latest: dict[str, str] = {}
     for r in rows:
         if r.get("status") == "ok":
