@@ -12,14 +12,22 @@ atomics. The order in which the key tiles' contributions are summed is whatever 
 happen to run in, so dQ is NOT bitwise deterministic run to run (fp32 rounding differs in the last
 bits); dK and dV are (each program owns its rows).
 
+Two ways to add a (BLOCK_M, d) fp32 tile into dQ: every thread issues atomics for its elements
+(`tl.atomic_add`), or, with TMA (Hopper), the tile is written to shared memory and the copy engine
+adds it into global memory in one bulk tensor reduction (`cp.reduce.async.bulk.tensor`, the way
+FlashAttention-3 accumulates dQ). The interpreter has no bulk reductions, so there the TMA version
+loads through descriptors but adds with atomics.
+
+The tuner times this kernel against the two-pass ones: so far it has measured slower at the
+leaderboard shape (the chapter has the numbers) but faster for several fp32 shapes.
+
 Causal programs skip query tiles above the diagonal (they see none of the key tile), mask only the
 tiles straddling it and a ragged last query tile. When n_keys is not a multiple of BLOCK_N
 (EVEN_N false, decided on the host), P^T is zeroed for the missing keys: their dS would otherwise
 reach dQ through a product with zero K rows, and exp2 of an unmasked score can overflow to inf.
 
-The loop and the tile ranges repeat `flash_bwd_kernel`'s dK/dV pass on purpose: the measured
-kernels' source stays untouched until this one has been timed. If it wins, fold both into one loop
-with a constexpr flag for the dQ atomics (and check that the compile report stays the same).
+The loop and the tile ranges repeat `flash_bwd_kernel`'s dK/dV pass on purpose: each kernel file
+can change (and be A/B-timed) without moving the other's compiled code.
 
 Do not import this module directly: `triton_loader.kernels(__name__)` loads it for the current mode.
 """
