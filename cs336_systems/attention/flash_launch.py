@@ -154,11 +154,13 @@ def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tu
     return dq, dk, dv
 
 
-def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[Tensor, Tensor, Tensor]:
+def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig, kernel=None
+                       ) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from one pass over the key tiles (block_m1, block_n1, warps1, stages1, tma1). dQ is
     summed in an fp32 buffer with atomics (order not deterministic), then cast to q's dtype. With
     TMA on a GPU the dQ shares are added by the TMA engine (bulk tensor reductions) rather than by
-    every thread; the interpreter has no such reduction, so there only the loads use descriptors."""
+    every thread; the interpreter has no such reduction, so there only the loads use descriptors.
+    `kernel`: another version of `bwd_onepass_kernel` to launch (ablations, `ab_onepass`)."""
     Z, H, n_q, n_k, d = _shape(q, k)
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
     dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
@@ -168,7 +170,8 @@ def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> 
     dq_tma = tma and not interpreting()
     ins = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
     dq_arg = _descriptors(dq, None, None, None, c.block_m1, c.block_n1)[0] if dq_tma else dq
-    kernels(BWD_ONEPASS).bwd_onepass_kernel[(_cdiv(n_k, c.block_n1), Z * H)](
+    kernel = kernel or kernels(BWD_ONEPASS).bwd_onepass_kernel
+    kernel[(_cdiv(n_k, c.block_n1), Z * H)](
         *ins, L, delta, dq_arg, dk, dv, *strides, *sizes,
         CAUSAL=is_causal, EVEN_N=n_k % c.block_n1 == 0, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
         BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, TMA=tma, DQ_TMA=dq_tma,

@@ -1,0 +1,45 @@
+"""The one-pass kernel's ablations (ab_onepass): the source edits do what their names say."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cs336_systems.attention import ab_onepass
+from cs336_systems.attention.configs import BwdConfig
+from cs336_systems.attention.flash_launch import launch_bwd_onepass, launch_fwd, launch_preprocess
+from cs336_systems.attention.reference import attention_reference
+from tests.triton_mode import DEVICE, ON_GPU, pytestmark  # noqa: F401
+
+
+def test_edits_find_their_lines():
+    source = ab_onepass.KERNEL_FILE.read_text()
+    for name in ab_onepass.VARIANTS:
+        edited = ab_onepass.variant_source(name, source)
+        compile(edited, name, "exec")  # still Python
+        assert (edited == source) == (name == "full")
+    with pytest.raises(ValueError, match="copies of"):
+        ab_onepass.variant_source("no_add", source.replace(ab_onepass.DQ_LINE, ""))
+    with pytest.raises(ValueError, match="unknown variant"):
+        ab_onepass.variant_source("sideways", source)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's run of the ablations; on the GPU `ab_onepass` itself checks them")
+def test_ablations_on_the_interpreter(tmp_path):
+    """full and dp_first give every gradient; no_add and no_dq still give dK, dV, and leave dQ zero."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 40, 16, generator=g).to(DEVICE) for _ in range(4))
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    o64, _ = attention_reference(q64, k64, v64, True)
+    o64.backward(do.double())
+    o, L = launch_fwd(q, k, v, True)
+    delta = launch_preprocess(o, do)
+    c = BwdConfig(16, 16, 16, 16, 1, 1, 1, 1, one_pass=True)
+    for name, mod in ab_onepass.load_variants(list(ab_onepass.VARIANTS), tmp_path).items():
+        dq, dk, dv = launch_bwd_onepass(q, k, v, do, L, delta, True, c, kernel=mod.bwd_onepass_kernel)
+        torch.testing.assert_close(dk.double(), k64.grad, rtol=1e-4, atol=1e-4, msg=f"{name}: dK")
+        torch.testing.assert_close(dv.double(), v64.grad, rtol=1e-4, atol=1e-4, msg=f"{name}: dV")
+        if name in ("full", "dp_first"):
+            torch.testing.assert_close(dq.double(), q64.grad, rtol=1e-4, atol=1e-4, msg=f"{name}: dQ")
+        else:
+            assert not dq.any(), f"{name}: dQ should never be added"
