@@ -39,3 +39,18 @@ def test_ab_median_names_a_missing_cell(monkeypatch):
     assert diagnostics.ab_median("a", (64, 64, 4, 3), True, True) == 2.0
     with pytest.raises(KeyError, match="no A/B row"):
         diagnostics.ab_median("a", (64, 64, 4, 3), False, True)
+
+
+def test_onepass_ablation_steps_are_differences_of_the_chain(monkeypatch):
+    """'step ms' is each version's median minus the previous version's in the chain
+    no_dq -> no_add -> full, per tiling and loads; dp_first stands aside."""
+    def rows(tma, base):
+        return [{"run": "r", "variant": v, "block_m1": 64, "block_n1": 64, "num_warps1": 4, "num_stages1": 3,
+                 "tma": tma, "median_ms": base + dt, "min_ms": 0.0, "max_ms": 0.0, "rounds": 3}
+                for v, dt in (("full", 1.5), ("no_dq", 0.0), ("dp_first", 1.7), ("no_add", 0.5))]
+    monkeypatch.setattr(diagnostics, "onepass_ab_rows", lambda: pd.DataFrame(rows(True, 2.0) + rows(False, 3.0)))
+    monkeypatch.setattr(diagnostics, "load_results", lambda *a, **k: pd.DataFrame())
+    lines = [line for line in diagnostics.onepass_ab_table().splitlines() if line.startswith("| 64x64")]
+    steps = [line.split("|")[5].strip() for line in lines]
+    assert steps == ["", "+0.500", "+1.000", ""] * 2
+    assert "TMA" in lines[0] and "pointers" in lines[4]  # TMA rows first

@@ -1,6 +1,7 @@
 """Tables for the flash chapter's diagnostics, from committed results: the dK/dV A/B runs
-(`ab_dkdv`), the host's time per call (`host_overhead`) and the GPU clocks sampled during a
-leaderboard run (`nvidia-smi` every 250 ms beside `device_run`)."""
+(`ab_dkdv`), the one-pass kernel's ablations (`ab_onepass`), the host's time per call
+(`host_overhead`) and the GPU clocks sampled during a leaderboard run (`nvidia-smi` every 250 ms
+beside `device_run`)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,58 @@ def ab_median(variant: str, tiles: tuple[int, int, int, int], tma: bool, no_tail
     if hit.empty:
         raise KeyError(f"no A/B row for {variant} {tiles} tma={tma} no_tail={no_tail}")
     return float(hit.median_ms.iloc[-1])
+
+
+ONEPASS_AB_BENCH = "attention/onepass_ab"
+ONEPASS_VERSIONS = {  # ab_onepass.VARIANTS, in the order they add work
+    "no_dq": "dK, dV only (no dQ matmul, no add)",
+    "no_add": "+ dQ's share computed (dS K), not added",
+    "full": "+ the share added into dQ (the kernel)",
+    "dp_first": "the kernel with dP issued before the exponentials",
+}
+
+
+def onepass_ab_rows() -> pd.DataFrame:
+    """Median over the interleaved rounds of the latest ablation run, one row per (version, tiling, loads)."""
+    df = load_results(ONEPASS_AB_BENCH, status="ok")
+    df = df[df.run == df.run.max()]
+    keys = ["run", "variant", "block_m1", "block_n1", "num_warps1", "num_stages1", "tma"]
+    return df.groupby(keys, as_index=False).agg(median_ms=("ms", "median"), min_ms=("ms", "min"),
+                                                max_ms=("ms", "max"), rounds=("ms", "size"))
+
+
+def onepass_ab_table() -> str:
+    """Rows per tiling and loads, versions in the order they add work; `step ms` is each version's
+    median minus the previous one's (what that piece costs)."""
+    g = onepass_ab_rows()
+    order = list(ONEPASS_VERSIONS)
+    g = g.assign(rank=g.variant.map(order.index)).sort_values(["tma", "block_n1", "rank"], ascending=[False, True, True])
+    parts = []
+    for _, part in g.groupby(["tma", "block_n1", "block_m1", "num_warps1", "num_stages1"], sort=False):
+        part = part.copy()
+        chain = part[part.variant != "dp_first"]
+        part["step ms"] = chain.median_ms.diff()
+        parts.append(part)
+    g = pd.concat(parts)
+    g["version"] = g["variant"].map(ONEPASS_VERSIONS)
+    g["tiles (keys x queries), warps, stages"] = g.apply(
+        lambda r: f"{r.block_n1}x{r.block_m1}, {r.num_warps1} w, {r.num_stages1} st", axis=1)
+    g["loads, dQ add"] = g["tma"].map({True: "TMA, bulk reduction", False: "pointers, atomics"})
+    shown = g[["tiles (keys x queries), warps, stages", "loads, dQ add", "version", "median_ms", "step ms",
+               "rounds"]].rename(columns={"median_ms": "median ms"})
+    shown = shown.astype(object).where(shown.notna(), "")
+    return (markdown_table(shown, formats={"median ms": ".3f", "step ms": "+.3f"})
+            + "\n\n" + provenance_line(load_results(ONEPASS_AB_BENCH), f"results/{ONEPASS_AB_BENCH}/nvidia-h200.jsonl"))
+
+
+def onepass_ab_median(variant: str, tiles: tuple[int, int, int, int], tma: bool) -> float:
+    m, n, w, s = tiles
+    g = onepass_ab_rows()
+    hit = g[(g.variant == variant) & (g.block_m1 == m) & (g.block_n1 == n) & (g.num_warps1 == w)
+            & (g.num_stages1 == s) & (g.tma == tma)]
+    if hit.empty:
+        raise KeyError(f"no one-pass ablation row for {variant} {tiles} tma={tma}")
+    return float(hit.median_ms.iloc[0])
 
 
 def host_rows() -> pd.DataFrame:
