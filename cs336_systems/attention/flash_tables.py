@@ -19,6 +19,7 @@ MATMUL_CEILING_TFLOPS = 686.0  # bf16 8192^3 matmul on the H200, ANCHORS.md
 COPY_CEILING_TBPS = 4.22  # device-to-device copy on the H200, ANCHORS.md
 LEADERBOARD_2025_BEST_MS = 5.364  # best verified Spring 2025 course leaderboard entry (H100)
 LB = dict(batch=16, seq=16384, d=64)  # the leaderboard case
+LB_KEY = "bf16-d64-causal-large"  # its entry in the tuned table (the sweep's bf16, d = 64, 65,536 cells use it too)
 IMPL_NAMES = {"ours": "ours (Triton FA2)", "cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2 CUDA)",
               "flex": "flex_attention", "naive": "naive, torch.compile"}
 SWEEP_NAMES = {"triton": "ours Triton", "pytorch": "ours PyTorch", "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}
@@ -132,10 +133,15 @@ def _tuning_rows() -> pd.DataFrame:
     return tune[tune.phase != "confirm"] if "phase" in tune else tune
 
 
+def _at_leaderboard_shape(tune: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the leaderboard's key timed at the leaderboard's shape (a sweep tuning run once timed
+    that key at batch 1 x 65,536: those rows are not this shape's)."""
+    return tune[(tune.key == LB_KEY) & (tune.Z == LB["batch"]) & (tune.seq == LB["seq"])]
+
+
 def _leaderboard_tuning() -> pd.DataFrame:
     """The latest tuning run's rows at the leaderboard shape."""
-    tune = _tuning_rows()
-    lb = tune[tune.key == "bf16-d64-causal-large"]
+    lb = _at_leaderboard_shape(_tuning_rows())
     return lb[lb.run == lb.run.max()]
 
 
@@ -170,18 +176,48 @@ def tuning_effect_rows() -> list[dict]:
     return rows
 
 
+ONEPASS_ATOMICS, ONEPASS_TMA = "one pass, dQ by thread atomics", "one pass, dQ by TMA reductions"
+
+
+def _design(kernel: str, config: dict) -> str:
+    """The kernel, with the one-pass backward split by how it adds dQ (tma1: TMA bulk reductions)."""
+    if kernel != "onepass":
+        return kernel
+    return "onepass_tma" if config.get("tma1") else "onepass_atomics"
+
+
 def backward_history_rows() -> list[dict]:
     """Leaderboard shape, one row per tuning run (each a version of the code): the fastest
     candidate of each backward design that run timed, bare kernels, median ms."""
-    tune = _tuning_rows()
-    lb = tune[tune.key == "bf16-d64-causal-large"]
+    lb = _at_leaderboard_shape(_tuning_rows())
+    lb = lb.assign(design=[_design(k, c) for k, c in zip(lb.kernel, lb.config)])
     rows = []
     for run, g in lb.groupby("run"):
-        best = {k: float(g[g.kernel == k].ms.min()) if (g.kernel == k).any() else None
-                for k in ("dkdv", "dq", "fused", "onepass")}
+        best = {k: float(g[g.design == k].ms.min()) if (g.design == k).any() else None
+                for k in ("dkdv", "dq", "fused", "onepass_atomics", "onepass_tma")}
         rows.append({"tuning run": run, "git": g.git.iloc[0], "dK/dV pass": best["dkdv"], "dQ pass": best["dq"],
-                     "two passes, one launch": best["fused"], "one pass, dQ by atomics": best["onepass"]})
+                     "two passes, one launch": best["fused"], ONEPASS_ATOMICS: best["onepass_atomics"],
+                     ONEPASS_TMA: best["onepass_tma"]})
     return rows
+
+
+def confirm_medians() -> dict:
+    """Leaderboard shape, the latest tuning run with confirmation rounds (the fastest four candidates
+    of each kernel re-timed in three interleaved rounds): per design, the best candidate's median,
+    as `tune.choose` ranks them; "two launches" is the best dK/dV plus the best dQ pass."""
+    tune = load_results("attention/flash_tune", status="ok")
+    conf = _at_leaderboard_shape(tune[tune.phase == "confirm"]) if "phase" in tune else tune.iloc[:0]
+    if conf.empty:
+        return {}
+    conf = conf[conf.run == conf.run.max()]
+    conf = conf.assign(design=[_design(k, c) for k, c in zip(conf.kernel, conf.config)],
+                       cfg=conf.config.map(lambda c: tuple(sorted(c.items()))))
+    best = conf.groupby(["design", "cfg"]).ms.median().groupby("design").min()
+    out = {k: float(v) for k, v in best.items()}
+    if "dkdv" in out and "dq" in out:
+        out["two launches"] = out["dkdv"] + out["dq"]
+    out["run"], out["git"] = conf.run.iloc[0], conf.git.iloc[0]
+    return out
 
 
 def backward_history_table() -> str:
@@ -197,6 +233,18 @@ def tuning_effect_table() -> str:
             + "\n\n" + provenance_line(_leaderboard_tuning(), _src("attention/flash_tune")))
 
 
+def describe_bwd(b: dict | None) -> str:
+    """A backward table entry in words: one launch, one pass (and how it adds dQ), or two launches."""
+    if not b:
+        return "—"
+    if b.get("fused"):
+        return "one launch: " + _tile("fused", b)
+    if b.get("one_pass"):
+        how = "TMA loads, dQ by TMA bulk reductions" if b.get("tma1") else "dQ by thread atomics"
+        return f"one pass, {how}: " + _tiles("onepass", b)
+    return f"dK/dV {_tile('dkdv', b)}; dQ {_tile('dq', b)}"
+
+
 def chosen_configs_table() -> str:
     from .tuned_configs import TUNED
 
@@ -204,10 +252,15 @@ def chosen_configs_table() -> str:
     for key in sorted(set(TUNED["fwd"]) | set(TUNED["bwd"])):
         f, b = TUNED["fwd"].get(key), TUNED["bwd"].get(key)
         rows.append({"key (dtype-d-mask-size)": key, "forward": _tile("fwd", f) if f else "—",
-                     "backward": "—" if not b else ("one launch: " + _tile("fused", b)) if b["fused"] else
-                     ("one pass, dQ by atomics: " + _tile("onepass", b)) if b.get("one_pass") else
-                     f"dK/dV {_tile('dkdv', b)}; dQ {_tile('dq', b)}"})
+                     "backward": describe_bwd(b)})
     return markdown_table(pd.DataFrame(rows))
+
+
+def one_pass_keys() -> list[str]:
+    """Keys of the tuned table whose backward is the one-pass kernel."""
+    from .tuned_configs import TUNED
+
+    return sorted(k for k, b in TUNED["bwd"].items() if b.get("one_pass"))
 
 
 # -- sweep --------------------------------------------------------------------------------------
@@ -264,6 +317,120 @@ def sweep_facts() -> dict[str, float]:
     out["oom_cells"] = int((df.status == "oom").sum())
     out["pytorch_measured"] = int(((df.impl == "pytorch") & (df.status == "ok")).sum())
     return out
+
+
+def sweep_fastest(dtype: str = "bf16", impls: tuple[str, ...] = ("triton", "naive", "sdpa")) -> pd.Series:
+    """(d, seq, mode) -> the fastest of `impls` in that cell (cells where all of them ran)."""
+    df = sweep_rows()
+    df = df[(df.status == "ok") & (df.dtype == dtype) & df.impl.isin(impls)]
+    t = df.pivot_table(index=["d", "seq", "mode"], columns="impl", values="ms").dropna()
+    return t.idxmin(axis=1)
+
+
+def dims_phrase(dims) -> str:
+    """[16, 32, 64] -> 'd = 16, 32 and 64'."""
+    dims = [str(d) for d in sorted(dims)]
+    if not dims:
+        raise ValueError("dims: expected at least one head dim")
+    return "d = " + (dims[0] if len(dims) == 1 else ", ".join(dims[:-1]) + " and " + dims[-1])
+
+
+MODE_WORDS = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
+
+
+def wins_phrase(fastest: pd.Series, impl: str, min_seq: int = 0) -> str:
+    """Where `impl` is the fastest, by size then mode: 'at 32,768 the forward (d = 16 and 32); ...'.
+    `fastest` is `sweep_fastest`'s (d, seq, mode) -> impl; '' where it never is."""
+    won = fastest[fastest == impl]
+    won = won[won.index.get_level_values("seq") >= min_seq]
+    parts = []
+    for n in sorted(set(won.index.get_level_values("seq"))):
+        at = won[won.index.get_level_values("seq") == n]
+        modes = [f"the {MODE_WORDS[m]} ({dims_phrase(at[at.index.get_level_values('mode') == m].index.get_level_values('d'))})"
+                 for m in MODE_WORDS if m in set(at.index.get_level_values("mode"))]
+        parts.append(f"at {n:,} " + (modes[0] if len(modes) == 1 else ", ".join(modes[:-1]) + " and " + modes[-1]))
+    return "; ".join(parts)
+
+
+def sweep_code() -> dict:
+    """The code behind the sweep's newest rows: git of our Triton cells (with how many cells each),
+    git of the other cells, and the git of Triton rows that were re-measured (kept in the file, no
+    longer shown)."""
+    df, every = sweep_rows(), load_results("attention/flash_sweep")
+    triton = df[df.impl == "triton"].git.value_counts()
+    old = sorted(set(every[every.impl == "triton"].git) - set(triton.index))
+    return {"triton": {g: int(n) for g, n in triton.items()}, "other": sorted(set(df[df.impl != "triton"].git)),
+            "triton_replaced": old}
+
+
+def _leaderboard_key_cells(previous: bool) -> pd.DataFrame:
+    """Our Triton sweep cells that run with the leaderboard's table entry (bf16, d = 64, 65,536):
+    their newest rows, or (previous) the rows each newest one replaced."""
+    every = load_results("attention/flash_sweep")
+    cells = every[(every.impl == "triton") & (every.dtype == "bf16") & (every.d == LB["d"]) & (every.seq == 65536)]
+    if previous:
+        cells = cells[cells.groupby(SWEEP_CELL).cumcount(ascending=False) == 1]  # second newest per cell
+    else:
+        cells = cells.drop_duplicates(SWEEP_CELL, keep="last")
+    return cells[cells.status == "ok"]
+
+
+def sweep_stale_leaderboard_entry(previous: bool = False) -> dict | None:
+    """The sweep's bf16, d = 64, 65,536 Triton cells run with the leaderboard's table entry (LB_KEY).
+    If the code that timed their newest rows (or, `previous`, the rows those replaced) had just tuned
+    that key at another shape than the leaderboard's (the tuner, before its fix, let such a run
+    replace the entry), return that tuning run, its shape and the entry it chose, next to the
+    table's entry now, and the git of those rows; else None."""
+    from .tune import choose
+    from .tuned_configs import TUNED
+
+    cells = _leaderboard_key_cells(previous)
+    tune = load_results("attention/flash_tune", status="ok")
+    tune = tune[tune.key == LB_KEY]
+    if cells.empty or tune.empty:
+        return None
+    before = tune[pd.to_datetime(tune.time_utc, utc=True) < pd.to_datetime(cells.time_utc, utc=True).min()]
+    if before.empty:
+        return None
+    last = before[before.run == before.run.max()]
+    Z, n = int(last.Z.iloc[0]), int(last.seq.iloc[0])
+    if (Z, n) == (LB["batch"], LB["seq"]) or last.git.iloc[0] not in set(cells.git):
+        return None
+    chosen = choose(last.to_dict("records"))
+    f, b = chosen["fwd"].get(LB_KEY), chosen["bwd"].get(LB_KEY)
+    first = last[last.phase != "confirm"] if "phase" in last else last
+    newest = _leaderboard_key_cells(False)
+    return {"run": last.run.iloc[0], "git": last.git.iloc[0], "Z": Z, "seq": n,
+            "candidates": len(first), "leaderboard_candidates": len(_leaderboard_tuning()),
+            "fwd": _tile("fwd", f) if f else "—", "bwd": describe_bwd(b),
+            "table_fwd": _tile("fwd", TUNED["fwd"][LB_KEY]), "table_bwd": describe_bwd(TUNED["bwd"][LB_KEY]),
+            "same_as_table": f == TUNED["fwd"][LB_KEY] and b == TUNED["bwd"][LB_KEY],
+            "newest_git": ", ".join(sorted(set(newest.git)))}
+
+
+# -- clocks recorded with the leaderboard rows ----------------------------------------------------
+
+def leaderboard_clock_fields() -> pd.DataFrame:
+    """Leaderboard rows that carry their own clock record (median and minimum SM clock, median board
+    power, nvidia-smi once a second while the mean was timed); empty if none do."""
+    df = leaderboard_rows()
+    if "sm_mhz_median" not in df:
+        return df.iloc[:0]
+    return df[df.sm_mhz_median.notna()]
+
+
+def leaderboard_clock_fields_table(run: str) -> str:
+    df = leaderboard_clock_fields()
+    df = df[df.run == run].copy()
+    df["implementation"] = df["impl"].map(IMPL_NAMES)
+    df["mode"] = df["mode"].map(MODE_WORDS)
+    shown = df.sort_values(["mode", "mean_ms"], ascending=[False, True])[
+        ["run", "git", "implementation", "mode", "mean_ms", "sm_mhz_median", "sm_mhz_min", "power_w_median"]]
+    shown = shown.rename(columns={"mean_ms": "mean ms", "sm_mhz_median": "SM MHz (median)", "sm_mhz_min": "SM MHz (min)",
+                                  "power_w_median": "W (median)"})
+    return (markdown_table(shown, formats={"mean ms": ".3f", "SM MHz (median)": ".0f", "SM MHz (min)": ".0f",
+                                           "W (median)": ".0f"})
+            + "\n\n" + provenance_line(df, _src("attention/flash_leaderboard")))
 
 
 # -- tests --------------------------------------------------------------------------------------
