@@ -43,3 +43,21 @@ def test_ablations_on_the_interpreter(tmp_path):
             torch.testing.assert_close(dq.double(), q64.grad, rtol=1e-4, atol=1e-4, msg=f"{name}: dQ")
         else:
             assert not dq.any(), f"{name}: dQ should never be added"
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's variant of the flow; on a GPU the harness itself is run")
+def test_main_times_each_version_per_round(tmp_path, monkeypatch):
+    import json
+
+    from cs336_systems.attention import tune
+
+    monkeypatch.setattr(tune, "DEVICE", "cpu")
+    monkeypatch.setattr(ab_onepass, "DTYPE", torch.float32)
+    monkeypatch.setattr("cs336_systems.bench.timing.gpu_bench", lambda fn, **kw: 1.0)
+    assert ab_onepass.main(["--configs", "16,16,1,1", "--Z", "1", "--seq", "32", "--d", "16", "--rounds", "2",
+                            "--results-dir", str(tmp_path)]) == 0
+    rows = [json.loads(line) for line in next(tmp_path.rglob("*.jsonl")).read_text().splitlines()]
+    cells = {(r["variant"], r["tma"]) for r in rows}
+    assert cells == {(v, t) for v in ab_onepass.VARIANTS for t in (False, True)}
+    assert len(rows) == 2 * len(cells) and {r["round"] for r in rows} == {0, 1}
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-4 and r["dtype"] == "fp32" for r in rows)

@@ -63,8 +63,7 @@ def dkdv_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stages, 
 
 def main(argv: list[str] | None = None) -> int:
     from ..bench.store import ResultStore
-    from ..bench.timing import gpu_bench
-    from .configs import BwdConfig
+    from .configs import BwdConfig, dtype_name
     from .flash_launch import launch_dkdv, tma_ok
     from .tune import _prepare, _rel_err
 
@@ -116,18 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     store = ResultStore("attention/dkdv_ab", key=["run", "round", "variant", "block_m1", "block_n1",
                                                   "num_warps1", "num_stages1", "tma", "no_tail"],
                         root=args.results_dir)
+    time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
+                                                              "dtype": dtype_name(DTYPE)})
+    return 0
+
+
+def time_round_robin(cells: dict[tuple, tuple], store, rounds: int, rep_ms: int, shape: dict) -> None:
+    """Time every cell (key: its fields as (name, value) pairs; value: (fn, rel_err)) once per round,
+    round-robin, so drift in clocks or neighbours spreads over all of them; one row per timing
+    (with `shape` and the run's id), then the medians, fastest first."""
+    from ..bench.timing import gpu_bench
+
     run = time.strftime("%Y%m%dT%H%M%S")
     times: dict[tuple, list[float]] = {c: [] for c in cells}
-    for r in range(args.rounds):  # round-robin: drift in clocks or neighbours spreads over all cells
+    for r in range(rounds):
         for cell, (fn, err) in cells.items():
-            ms = gpu_bench(fn, warmup_ms=10, rep_ms=args.rep_ms)
+            ms = gpu_bench(fn, warmup_ms=10, rep_ms=rep_ms)
             times[cell].append(ms)
-            store.append(dict(cell) | {"run": run, "round": r, "Z": args.Z, "seq": args.seq, "d": args.d,
-                                       "dtype": "bf16"}, {"ms": ms, "rel_err": err})
-        print(f"[ab] round {r + 1}/{args.rounds} done", flush=True)
+            store.append(dict(cell) | {"run": run, "round": r} | shape, {"ms": ms, "rel_err": err})
+        print(f"[ab] round {r + 1}/{rounds} done", flush=True)
     for cell, ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
         print(f"[ab] {statistics.median(ts):.3f} ms (min {min(ts):.3f})  {dict(cell)}")
-    return 0
 
 
 if __name__ == "__main__":

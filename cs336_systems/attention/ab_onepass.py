@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 import tempfile
 import textwrap
@@ -39,6 +38,7 @@ DV_LINE = "        dv = tl.dot(pT.to(do.dtype), do, dv)\n"
 DP_LINE = "        dpT = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)\n"
 EXP_LINE = "        pT = tl.math.exp2("
 VARIANTS = ("full", "no_add", "no_dq", "dp_first")
+DTYPE = torch.bfloat16  # the leaderboard's (the interpreter test uses fp32)
 
 
 def _guard(block: str) -> str:
@@ -90,8 +90,8 @@ def onepass_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stage
 
 def main(argv: list[str] | None = None) -> int:
     from ..bench.store import ResultStore
-    from ..bench.timing import gpu_bench
-    from .configs import BwdConfig
+    from .ab_dkdv import time_round_robin
+    from .configs import BwdConfig, dtype_name
     from .flash_launch import launch_dkdv, launch_dq, tma_ok
     from .tune import _prepare, _rel_err
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if tune.DEVICE == "cuda" and not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (this times kernels)")
 
-    q, k, v, do, _o, L, delta = state = _prepare(args.Z, args.seq, args.d, torch.bfloat16)
+    q, k, v, do, _o, L, delta = state = _prepare(args.Z, args.seq, args.d, DTYPE)
     ref = BwdConfig(64, 64, 64, 64, 4, 2, 4, 2)
     want_dq = launch_dq(q, k, v, do, L, delta, True, ref)
     want_dkdv = launch_dkdv(q, k, v, do, L, delta, True, ref)
@@ -142,17 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         store = ResultStore("attention/onepass_ab", key=["run", "round", "variant", "block_m1", "block_n1",
                                                          "num_warps1", "num_stages1", "tma"],
                             root=args.results_dir)
-        run = time.strftime("%Y%m%dT%H%M%S")
-        times: dict[tuple, list[float]] = {c: [] for c in cells}
-        for r in range(args.rounds):  # round-robin: drift in clocks spreads over all versions
-            for cell, (fn, err) in cells.items():
-                ms = gpu_bench(fn, warmup_ms=10, rep_ms=args.rep_ms)
-                times[cell].append(ms)
-                store.append(dict(cell) | {"run": run, "round": r, "Z": args.Z, "seq": args.seq, "d": args.d,
-                                           "dtype": "bf16"}, {"ms": ms, "rel_err": err})
-            print(f"[ab] round {r + 1}/{args.rounds} done", flush=True)
-    for cell, ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
-        print(f"[ab] {statistics.median(ts):.3f} ms (min {min(ts):.3f})  {dict(cell)}")
+        time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
+                                                                  "dtype": dtype_name(DTYPE)})
     return 0
 
 
