@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336_systems.attention import configs, flash_sweep, flash_tables, plots, tune
+from cs336_systems.attention import configs, flash_sweep, plots, sweep_tables, tune
 from cs336_systems.attention.configs import BwdConfig, FwdConfig
 from cs336_systems.attention.flops import attention_flops
 from cs336_systems.bench.store import ResultStore
@@ -138,7 +138,7 @@ def test_sweep_flow_and_plots_on_the_interpreter(tmp_path, monkeypatch):
     again = store.rows()[len(rows):]
     assert sorted((r["impl"], r["seq"], r["mode"]) for r in again) == sorted(
         ("triton", n, m) for n in (32, 48) for m in ("fwd", "bwd", "fwd_bwd"))
-    newest = pd.DataFrame(store.rows()).drop_duplicates(flash_tables.SWEEP_CELL, keep="last")
+    newest = pd.DataFrame(store.rows()).drop_duplicates(sweep_tables.SWEEP_CELL, keep="last")
     assert len(newest) == len(rows) and set(newest[newest.impl == "triton"].ms) == {r["ms"] for r in again}
     ok = [r for r in rows if r["status"] == "ok"]
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in ok)

@@ -1,17 +1,18 @@
-"""Formatting helpers of flash_tables (the flash chapter's rendered prose), on made-up inputs."""
+"""Formatting helpers of flash_tables and sweep_tables (the flash chapter's rendered prose), on made-up inputs."""
 
 import pandas as pd
 import pytest
 
 from cs336_systems.attention import flash_tables as ft
+from cs336_systems.attention import sweep_tables as swt
 
 
 def test_dims_phrase():
-    assert ft.dims_phrase([64]) == "d = 64"
-    assert ft.dims_phrase([32, 16]) == "d = 16 and 32"
-    assert ft.dims_phrase([128, 16, 64]) == "d = 16, 64 and 128"
+    assert swt.dims_phrase([64]) == "d = 64"
+    assert swt.dims_phrase([32, 16]) == "d = 16 and 32"
+    assert swt.dims_phrase([128, 16, 64]) == "d = 16, 64 and 128"
     with pytest.raises(ValueError, match="dims"):
-        ft.dims_phrase([])
+        swt.dims_phrase([])
 
 
 def test_wins_phrase_groups_by_size_then_mode():
@@ -19,10 +20,10 @@ def test_wins_phrase_groups_by_size_then_mode():
         [(16, 4096, "fwd"), (16, 32768, "fwd"), (64, 32768, "fwd"), (16, 32768, "bwd"),
          (16, 65536, "fwd_bwd"), (32, 65536, "fwd_bwd"), (128, 65536, "fwd")], names=["d", "seq", "mode"])
     fastest = pd.Series(["triton", "triton", "triton", "sdpa", "triton", "triton", "sdpa"], index=idx)
-    assert ft.wins_phrase(fastest, "triton", min_seq=8192) == (
+    assert swt.wins_phrase(fastest, "triton", min_seq=8192) == (
         "at 32,768 the forward (d = 16 and 64); at 65,536 the forward+backward (d = 16 and 32)")
-    assert ft.wins_phrase(fastest, "sdpa") == "at 32,768 the backward (d = 16); at 65,536 the forward (d = 128)"
-    assert ft.wins_phrase(fastest, "naive") == ""
+    assert swt.wins_phrase(fastest, "sdpa") == "at 32,768 the backward (d = 16); at 65,536 the forward (d = 128)"
+    assert swt.wins_phrase(fastest, "naive") == ""
 
 
 def test_describe_bwd_names_the_design():

@@ -109,7 +109,7 @@ def plot_leaderboard(df: pd.DataFrame, out_dir: Path) -> Path:
 
 def plot_all(root: str | Path | None = None, device: str = "nvidia-h200", out_dir: Path = PLOT_DIR) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    from .flash_tables import SWEEP_CELL
+    from .sweep_tables import SWEEP_CELL
 
     # a re-measured cell keeps its old rows in the file; the newest one is plotted
     paths = plot_sweep(_rows("attention/flash_sweep", device, root).drop_duplicates(SWEEP_CELL, keep="last"), out_dir)
