@@ -1,5 +1,6 @@
 """Tables for the flash chapter's diagnostics, from committed results: the dK/dV A/B runs
-(`ab_dkdv`), the one-pass kernel's ablations (`ab_onepass`), the host's time per call
+(`ab_dkdv`), the one-pass kernel's ablations (`ab_onepass`) and its dQ adds alone
+(`reduce_probe`), the host's time per call
 (`host_overhead`) and the GPU clocks sampled during a leaderboard run (`nvidia-smi` every 250 ms
 beside `device_run`)."""
 
@@ -108,6 +109,34 @@ def onepass_ab_median(variant: str, tiles: tuple[int, int, int, int], tma: bool)
     if hit.empty:
         raise KeyError(f"no one-pass ablation row for {variant} {tiles} tma={tma}")
     return float(hit.median_ms.iloc[0])
+
+
+PROBE_BENCH = "attention/reduce_probe"
+PROBE_MODES = {"atomics": "per-thread atomics", "tma": "TMA bulk reductions", "store": "plain stores (no sum)"}
+
+
+def probe_rows() -> pd.DataFrame:
+    """The newest row of each (mode, tiles, shape) cell of `reduce_probe`."""
+    df = load_results(PROBE_BENCH, status="ok")
+    return df.drop_duplicates(["mode", "block_m", "block_n", "bh", "seq", "d"], keep="last")
+
+
+def probe_table() -> str:
+    df = probe_rows().copy()
+    df["tiles (queries x keys)"] = df.apply(lambda r: f"{r.block_m}x{r.block_n}", axis=1)
+    df["how"] = df["mode"].map(PROBE_MODES)
+    shown = df[["tiles (queries x keys)", "how", "gbytes", "ms", "gb_per_s"]].rename(
+        columns={"gbytes": "GB of fp32", "gb_per_s": "GB/s"})
+    return (markdown_table(shown, formats={"GB of fp32": ".2f", "ms": ".3f", "GB/s": ".0f"})
+            + "\n\n" + provenance_line(load_results(PROBE_BENCH), f"results/{PROBE_BENCH}/nvidia-h200.jsonl"))
+
+
+def probe_ms(mode: str, block_m: int, block_n: int) -> float:
+    df = probe_rows()
+    hit = df[(df["mode"] == mode) & (df.block_m == block_m) & (df.block_n == block_n)]
+    if hit.empty:
+        raise KeyError(f"no reduce_probe row for {mode} {block_m}x{block_n}")
+    return float(hit.ms.iloc[0])
 
 
 def host_rows() -> pd.DataFrame:
