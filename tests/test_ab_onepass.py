@@ -61,3 +61,10 @@ def test_main_times_each_version_per_round(tmp_path, monkeypatch):
     assert cells == {(v, t) for v in ab_onepass.VARIANTS for t in (False, True)}
     assert len(rows) == 2 * len(cells) and {r["round"] for r in rows} == {0, 1}
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-4 and r["dtype"] == "fp32" for r in rows)
+
+
+@pytest.mark.parametrize("bad", [["64,64"], ["64,64,4,x"], ["64,64,4,3", "1"]])
+def test_bad_configs_name_the_argument(bad, capsys):
+    with pytest.raises(SystemExit):
+        ab_onepass.main(["--configs", *bad])
+    assert "--configs: expected M,N,WARPS,STAGES" in capsys.readouterr().err

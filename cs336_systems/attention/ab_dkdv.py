@@ -40,6 +40,27 @@ def load_variant(name: str, path: Path):
     return module
 
 
+def int_tuples(ap: argparse.ArgumentParser, flag: str, values: list[str], fields: str) -> list[tuple[int, ...]]:
+    """'64,64,4,3'-style arguments as tuples of ints with as many fields as `fields` names; a bad one
+    exits with a message naming the flag."""
+    n = fields.count(",") + 1
+    try:
+        out = [tuple(int(x) for x in v.split(",")) for v in values]
+    except ValueError:
+        out = []
+    if len(out) != len(values) or any(len(t) != n for t in out):
+        ap.error(f"{flag}: expected {fields} integers, got {values}")
+    return out
+
+
+def require_gpu(ap: argparse.ArgumentParser) -> None:
+    """Timing runs need CUDA (the tests run the flow on the interpreter by setting tune.DEVICE)."""
+    from . import tune
+
+    if tune.DEVICE == "cuda" and not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (this times kernels)")
+
+
 def dkdv_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stages, tma, no_tail):
     """A closure launching `kernel` as `flash_launch.launch_dkdv` does, passing only the
     constexprs this version declares."""
@@ -85,15 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not name.isidentifier():
             ap.error(f"--variant: expected NAME=PATH with NAME an identifier, got {spec!r}")
         variants[name] = load_variant(name, Path(path))
-    try:
-        configs = [tuple(int(x) for x in c.split(",")) for c in args.configs]
-        assert all(len(c) == 4 for c in configs)
-    except (ValueError, AssertionError):
-        ap.error(f"--configs: expected M,N,WARPS,STAGES integers, got {args.configs}")
-    from . import tune
-
-    if tune.DEVICE == "cuda" and not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU (this times kernels)")
+    configs = int_tuples(ap, "--configs", args.configs, "M,N,WARPS,STAGES")
+    require_gpu(ap)
 
     q, k, v, do, _o, L, delta = state = _prepare(args.Z, args.seq, args.d, DTYPE)
     want = launch_dkdv(q, k, v, do, L, delta, True, BwdConfig(64, 64, 64, 64, 4, 2, 4, 2))

@@ -90,7 +90,7 @@ def onepass_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stage
 
 def main(argv: list[str] | None = None) -> int:
     from ..bench.store import ResultStore
-    from .ab_dkdv import time_round_robin
+    from .ab_dkdv import int_tuples, require_gpu, time_round_robin
     from .configs import BwdConfig, dtype_name
     from .flash_launch import launch_dkdv, launch_dq, tma_ok
     from .tune import _prepare, _rel_err
@@ -107,15 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    try:
-        configs = [tuple(int(x) for x in c.split(",")) for c in args.configs]
-        assert all(len(c) == 4 for c in configs)
-    except (ValueError, AssertionError):
-        ap.error(f"--configs: expected M,N,WARPS,STAGES integers, got {args.configs}")
-    from . import tune
-
-    if tune.DEVICE == "cuda" and not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU (this times kernels)")
+    configs = int_tuples(ap, "--configs", args.configs, "M,N,WARPS,STAGES")
+    require_gpu(ap)
 
     q, k, v, do, _o, L, delta = state = _prepare(args.Z, args.seq, args.d, DTYPE)
     ref = BwdConfig(64, 64, 64, 64, 4, 2, 4, 2)

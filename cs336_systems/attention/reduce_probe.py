@@ -74,6 +74,7 @@ def run_probe(bh: int, seq: int, d: int, block_m: int, block_n: int, mode: str, 
 def main(argv: list[str] | None = None) -> int:
     from ..bench.store import ResultStore
     from ..bench.timing import gpu_bench
+    from .ab_dkdv import int_tuples
 
     ap = argparse.ArgumentParser(prog="reduce_probe", description=__doc__.splitlines()[0])
     ap.add_argument("--bh", type=int, default=16, help="batch x heads (the leaderboard: 16)")
@@ -84,11 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    try:
-        tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
-        assert all(len(t) == 2 for t in tiles)
-    except (ValueError, AssertionError):
-        ap.error(f"--tiles: expected BLOCK_M,BLOCK_N integer pairs, got {args.tiles}")
+    tiles = int_tuples(ap, "--tiles", args.tiles, "BLOCK_M,BLOCK_N")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (this times global-memory reductions)")
     store = ResultStore("attention/reduce_probe", key=["mode", "block_m", "block_n", "bh", "seq", "d"],
