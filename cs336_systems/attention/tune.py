@@ -103,6 +103,7 @@ def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
         # leaderboard's key is tuned at the leaderboard's shape only (`--only sweep` leaves it alone).
         for dt, d, (size, n) in itertools.product(("bf16", "fp32"), (16, 32, 64, 128),
                                                   (("medium", 16384), ("large", 65536))):
+            # the key names the dtype itself (not DTYPES, which the interpreter's dry run remaps)
             key = table_key({"bf16": torch.bfloat16, "fp32": torch.float32}[dt], d, True, size)
             if key != leaderboard[0]:
                 shapes.append((key, 1, n, d, dt, False))
