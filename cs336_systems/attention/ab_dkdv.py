@@ -40,6 +40,16 @@ def load_variant(name: str, path: Path):
     return module
 
 
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The shape (the leaderboard's by default), the rounds and the output of an A/B run."""
+    ap.add_argument("--Z", type=int, default=16, help="batch x heads")
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median decides")
+    ap.add_argument("--rep-ms", type=int, default=100, help="do_bench time per timing")
+    ap.add_argument("--results-dir", default=None)
+
+
 def int_tuples(ap: argparse.ArgumentParser, flag: str, values: list[str], fields: str) -> list[tuple[int, ...]]:
     """'64,64,4,3'-style arguments as tuples of ints with as many fields as `fields` names; a bad one
     exits with a message naming the flag."""
@@ -93,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a version of flash_bwd_kernel.py to time (repeatable)")
     ap.add_argument("--configs", nargs="+", default=["64,64,4,3", "32,64,4,4"],
                     metavar="M,N,WARPS,STAGES", help="dK/dV tilings (block_m1, block_n1, warps, stages)")
-    ap.add_argument("--Z", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=16384)
-    ap.add_argument("--d", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep-ms", type=int, default=100)
-    ap.add_argument("--results-dir", default=None)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     variants = {}
     for spec in args.variant:

@@ -90,7 +90,7 @@ def onepass_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stage
 
 def main(argv: list[str] | None = None) -> int:
     from ..bench.store import ResultStore
-    from .ab_dkdv import int_tuples, require_gpu, time_round_robin
+    from .ab_dkdv import add_run_args, int_tuples, require_gpu, time_round_robin
     from .configs import BwdConfig, dtype_name
     from .flash_launch import launch_dkdv, launch_dq, tma_ok
     from .tune import _prepare, _rel_err
@@ -100,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="+", default=["64,64,4,3"], metavar="M,N,WARPS,STAGES",
                     help="one-pass tilings (block_m1, block_n1, warps, stages)")
     ap.add_argument("--tma", choices=["on", "off", "both"], default="both")
-    ap.add_argument("--Z", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=16384)
-    ap.add_argument("--d", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep-ms", type=int, default=100)
-    ap.add_argument("--results-dir", default=None)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     configs = int_tuples(ap, "--configs", args.configs, "M,N,WARPS,STAGES")
     require_gpu(ap)
