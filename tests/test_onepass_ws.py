@@ -1,0 +1,65 @@
+"""The warp-specialised one-pass backward (Gluon, experimental): input rules on any machine, a compile
+check for sm_90 where the installed Triton is the GPU's (3.6), and the gradients on a Hopper GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from cs336_systems.attention import onepass_ws
+from cs336_systems.attention.reference import attention_reference
+from tests.triton_mode import ON_GPU, pytestmark  # noqa: F401
+
+
+def test_unsupported_inputs_say_why():
+    x = torch.zeros(1, 1, 64, 64)
+    assert "Hopper" in onepass_ws.ws_supported(x, x, x, x, True)
+
+
+@pytest.mark.skipif(not triton.__version__.startswith("3.6"),
+                    reason=f"Gluon's API changes between releases; the kernel is written for the GPU's Triton 3.6 "
+                           f"(installed: {triton.__version__})")
+def test_compiles_for_sm90_without_spills():
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental import gluon
+
+    from cs336_systems.attention.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
+
+    lay = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
+    desc = f"tensordesc<bf16[64, 64],{lay}>"
+    sig = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "do_desc": desc, "L": "*fp32", "Delta": "*fp32",
+           "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16", "n_q": "i32", "n_k": "i32", "qk_scale": "fp32",
+           "sm_scale": "fp32"}
+    const = dict(D=64, BM=64, BN=64, STAGES=2, SLOTS=2, CAUSAL=True, REDUCE_REGS=80)
+    src = gluon._runtime.GluonASTSource(bwd_onepass_ws_kernel, sig | {k: "constexpr" for k in const}, constexprs=const)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 128})
+    ptx = k.asm["ptx"]
+    assert ptx.count("wgmma.mma_async") > 0 and "setmaxnreg" in ptx  # tensor cores, and specialised warps
+    assert "ld.local" not in ptx and k.metadata.shared <= 113 * 1024  # two programs per SM fit
+
+
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU (the kernel uses sm_90 warpgroup MMA, TMA and setmaxnreg)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 256, 256), (1, 2, 128, 384), (16, 1, 1024, 1024)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("stages,slots", [(2, 2), (3, 3)])
+def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, stages, slots):
+    from cs336_systems.attention.flash_launch import launch_fwd, launch_preprocess
+
+    Z, H, n_q, n_k = shape
+    if is_causal and n_q != n_k:
+        pytest.skip("causal needs n_q == n_k in this kernel")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, do = (torch.randn(Z, H, n_q, 64, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    k, v = (torch.randn(Z, H, n_k, 64, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    o, L = launch_fwd(q, k, v, is_causal)
+    dq, dk, dv = onepass_ws.launch_bwd_onepass_ws(q, k, v, do, L, launch_preprocess(o, do), is_causal, stages, slots)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    out, _ = attention_reference(q64, k64, v64, is_causal)
+    out.backward(do.double())
+    for name, got, want in (("dQ", dq, q64.grad), ("dK", dk, k64.grad), ("dV", dv, v64.grad)):
+        err = float((got.double() - want).norm() / want.norm())
+        assert err < 2e-2, f"{name}: relative error {err:.3g}"
