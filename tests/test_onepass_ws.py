@@ -24,6 +24,7 @@ def test_compiles_for_sm90_without_spills():
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
 
+    from cs336_systems.attention.compile_report import machine_code
     from cs336_systems.attention.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
 
     lay = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
@@ -36,7 +37,12 @@ def test_compiles_for_sm90_without_spills():
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 128})
     ptx = k.asm["ptx"]
     assert ptx.count("wgmma.mma_async") > 0 and "setmaxnreg" in ptx  # tensor cores, and specialised warps
-    assert "ld.local" not in ptx and k.metadata.shared <= 113 * 1024  # two programs per SM fit
+    assert k.metadata.shared <= 113 * 1024  # two programs' shared memory fit in an SM
+    # spills are made by ptxas, after the PTX (whose registers are virtual): count them in the SASS
+    code = machine_code(k.asm["cubin"])
+    if not code:
+        pytest.skip("this Triton build has no bundled nvdisasm/cuobjdump to read the SASS")
+    assert code["sass_spill_ops"] == 0 and code["regs"] <= 128  # maxnreg holds: two programs' registers fit
 
 
 @pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
