@@ -15,12 +15,30 @@ from tests.triton_mode import ON_GPU, pytestmark  # noqa: F401
 def test_unsupported_inputs_say_why():
     x = torch.zeros(1, 1, 64, 64)
     assert "Hopper" in onepass_ws.ws_supported(x, x, x, x, True)
+    with pytest.raises(ValueError, match="block_n must be 64 or 128"):
+        onepass_ws.launch_bwd_onepass_ws(x, x, x, x, None, None, True, block_n=32)
+    with pytest.raises(ValueError, match="reduce_warps must be 4, or 8 with block_n 128"):
+        onepass_ws.launch_bwd_onepass_ws(x, x, x, x, None, None, True, block_n=64, reduce_warps=8)
+
+
+def test_ablations_edit_what_they_name():
+    from pathlib import Path
+
+    src = Path(onepass_ws.__file__).with_name("flash_bwd_ws_kernel.py").read_text()
+    assert onepass_ws.variant_source("full", src) == src
+    no_add = onepass_ws.variant_source("no_add", src)
+    assert no_add.count(onepass_ws.NEVER) == 1 and onepass_ws.HANDOFF in no_add
+    math_only = onepass_ws.variant_source("math_only", src)
+    assert onepass_ws.HANDOFF not in math_only and "range(n_iter * 0)" in math_only
+    with pytest.raises(ValueError, match="copies of"):
+        onepass_ws.variant_source("full", src.replace(onepass_ws.ADD_LINE, ""))
 
 
 @pytest.mark.skipif(not triton.__version__.startswith("3.6"),
                     reason=f"Gluon's API changes between releases; the kernel is written for the GPU's Triton 3.6 "
                            f"(installed: {triton.__version__})")
-def test_compiles_for_sm90_without_spills():
+@pytest.mark.parametrize("block_n,reduce_warps,reduce_regs", [(64, 4, 56), (128, 8, 40), (128, 4, 56)])
+def test_compiles_for_sm90_without_spills(block_n, reduce_warps, reduce_regs):
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
 
@@ -32,17 +50,21 @@ def test_compiles_for_sm90_without_spills():
     sig = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "do_desc": desc, "L": "*fp32", "Delta": "*fp32",
            "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16", "n_q": "i32", "n_k": "i32", "qk_scale": "fp32",
            "sm_scale": "fp32"}
-    const = dict(D=64, BM=64, BN=64, STAGES=2, SLOTS=2, CAUSAL=True, REDUCE_REGS=80)
+    warps = block_n // 16 + reduce_warps
+    maxnreg = 65536 // ((2 if block_n == 64 else 1) * 32 * warps) // 8 * 8  # as the launcher sets it
+    math_regs = (warps * maxnreg - reduce_warps * reduce_regs) // (warps - reduce_warps) // 8 * 8
+    const = dict(D=64, BM=64, BN=block_n, STAGES=2, SLOTS=2, CAUSAL=True, MATH_REGS=math_regs,
+                 REDUCE_REGS=reduce_regs, REDUCE_WARPS=reduce_warps)
     src = gluon._runtime.GluonASTSource(bwd_onepass_ws_kernel, sig | {k: "constexpr" for k in const}, constexprs=const)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 128})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     ptx = k.asm["ptx"]
     assert ptx.count("wgmma.mma_async") > 0 and "setmaxnreg" in ptx  # tensor cores, and specialised warps
-    assert k.metadata.shared <= 113 * 1024  # two programs' shared memory fit in an SM
+    assert k.metadata.shared <= (113 if block_n == 64 else 227) * 1024  # the programs' shared memory fits an SM
     # spills are made by ptxas, after the PTX (whose registers are virtual): count them in the SASS
     code = machine_code(k.asm["cubin"])
     if not code:
         pytest.skip("this Triton build has no bundled nvdisasm/cuobjdump to read the SASS")
-    assert code["sass_spill_ops"] == 0 and code["regs"] <= 128  # maxnreg holds: two programs' registers fit
+    assert code["sass_spill_ops"] == 0 and code["regs"] <= maxnreg  # maxnreg holds: the registers fit
 
 
 @pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
@@ -51,8 +73,8 @@ def test_compiles_for_sm90_without_spills():
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 256, 256), (1, 2, 128, 384), (16, 1, 1024, 1024)],
                          ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("stages,slots", [(2, 2), (3, 3)])
-def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, stages, slots):
+@pytest.mark.parametrize("block_n,stages,slots,reduce_warps", [(64, 2, 2, 4), (64, 3, 3, 4), (128, 2, 2, 8), (128, 2, 3, 4)])
+def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, block_n, stages, slots, reduce_warps):
     from cs336_systems.attention.flash_launch import launch_fwd, launch_preprocess
 
     Z, H, n_q, n_k = shape
@@ -62,7 +84,9 @@ def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, stages, slot
     q, do = (torch.randn(Z, H, n_q, 64, device="cuda", dtype=dtype, generator=g) for _ in range(2))
     k, v = (torch.randn(Z, H, n_k, 64, device="cuda", dtype=dtype, generator=g) for _ in range(2))
     o, L = launch_fwd(q, k, v, is_causal)
-    dq, dk, dv = onepass_ws.launch_bwd_onepass_ws(q, k, v, do, L, launch_preprocess(o, do), is_causal, stages, slots)
+    dq, dk, dv = onepass_ws.launch_bwd_onepass_ws(q, k, v, do, L, launch_preprocess(o, do), is_causal, stages, slots,
+                                                  reduce_regs=56 if reduce_warps == 4 else 40, block_n=block_n,
+                                                  reduce_warps=reduce_warps)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     out, _ = attention_reference(q64, k64, v64, is_causal)
     out.backward(do.double())

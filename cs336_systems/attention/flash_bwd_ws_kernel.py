@@ -1,25 +1,29 @@
-"""EXPERIMENT, NOT YET RUN ON A GPU: the one-pass FlashAttention-2 backward in Gluon, with the dQ
-adds moved off the math warps (warp specialisation).
+"""An experiment, measured (see onepass_ws.py and the chapter): the one-pass FlashAttention-2
+backward in Gluon, with the dQ adds moved off the math warps (warp specialisation).
 
 Why: `ab_onepass` and `reduce_probe` showed that the one-pass kernel's dQ adds (8.6 GB of fp32 at
 the leaderboard shape with 64-key tiles, ~2.4 ms alone) overlap the math only partly when the warps
 that do the math also issue them. Triton 3.6 cannot move them (no warp specialisation of this loop,
-one staging buffer per bulk reduction); Gluon, Triton's lower-level dialect, can:
+one staging buffer per bulk reduction); Gluon, Triton's lower-level dialect, can. A program owns
+BN = 64 or 128 keys:
 
-    default partition (4 warps, one warpgroup): K, V resident in shared memory; Q, dO tiles streamed
-        through a TMA ring of STAGES slots; per tile, as in flash_bwd_onepass_kernel,
+    one math partition per 64 keys (4 warps, a warpgroup; `_math`): K, V resident in shared
+        memory; Q, dO tiles streamed through its own TMA ring of STAGES slots; per query tile, as
+        in flash_bwd_onepass_kernel,
             S^T = K Q^T,  P^T = exp2(S^T c - L2),  dV += P^T dO,  dP^T = V dO^T,
             dS^T = P^T (dP^T - D),  dK += dS^T Q,  dQ_share = dS K * sm_scale
-        and the share goes into a shared-memory ring of SLOTS tiles (mbarriers full/empty)
-    worker partition (4 warps, REDUCE_REGS registers): takes each staged share and adds it into
-        the fp32 dQ with atomics, while the math warps go on to the next tile.
+        and the share goes into its shared-memory ring of SLOTS tiles (mbarriers full/empty)
+    one reducer partition (REDUCE_WARPS warps, REDUCE_REGS registers; `_reduce`): per query tile,
+        sums the math warpgroups' shares and adds the sum into the fp32 dQ with atomics, while the
+        math warps go on. At 128 keys that halves the adds against 64 (4.3 GB, not 8.6).
 
-With maxnreg=128 at launch, the compiler gives the math warps 176 registers and the reducer 80
-(setmaxnreg), so two programs share an SM (compile check for sm_90 with Triton 3.6: no spills,
-90 KB of shared memory). Written against Triton 3.6's Gluon API, the GPU's version (Gluon's API
-changes between releases: 3.9 renamed the TMA copies). Grid (key tiles, Z*H); contiguous bf16/fp16
-inputs; n_q, n_k multiples of the tile; square tiles, so a causal program's first query tile is its
-diagonal tile. `onepass_ws.py` launches it, checks it and times it.
+The math warpgroups are separate partitions, not one 8-warp partition, so each synchronises only
+its own four warps (a 128-key tile split over one 8-warp partition needed a barrier of all eight
+per tile, which measured slower). setmaxnreg moves registers from the reducer to the math warps
+(MATH_REGS; with one math partition the compiler picks it). Written against Triton 3.6's Gluon API,
+the GPU's version (Gluon's API changes between releases: 3.9 renamed the TMA copies). Grid (key
+blocks of BN, Z*H); contiguous bf16/fp16 inputs, head dim 64; n_q a multiple of 64, n_k of BN.
+`onepass_ws.py` launches, checks, ablates and times it.
 """
 
 import triton
@@ -32,42 +36,52 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s,
-          kv_bar, ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, do_s, ds_all, dq_s,
+          kv_bars, ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
-          CAUSAL: gl.constexpr):
+          CAUSAL: gl.constexpr, W: gl.constexpr):
+    """Warpgroup W of the program: its 64 keys, over the query tiles lo, lo + BM, ... (n_iter of them).
+    Its buffers: index W of k_all, v_all, ds_all, kv_bars; stages W*STAGES.. of the Q/dO ring and
+    its barriers; slots W*SLOTS.. of the dQ ring and its barriers."""
+    key0 = tile * BN + W * 64
+    k_s = k_all.index(W)
+    v_s = v_all.index(W)
+    ds_s = ds_all.index(W)
+    kv_bar = kv_bars.index(W)
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     dtype: gl.constexpr = q_desc.dtype
-    row_q = bh * n_q + lo  # first query row of this program's loop in the 2-D (Z*H*n, d) view
+    row_q = bh * n_q + lo  # first query row of the loop in the 2-D (Z*H*n, d) view
     # K, V once; the first STAGES query tiles
-    mbarrier.expect(kv_bar, 2 * BN * D * 2)
-    tma.async_copy_global_to_shared(k_desc, [bh * n_k + tile * BN, 0], kv_bar, k_s)
-    tma.async_copy_global_to_shared(v_desc, [bh * n_k + tile * BN, 0], kv_bar, v_s)
+    mbarrier.expect(kv_bar, 2 * 64 * D * 2)
+    tma.async_copy_global_to_shared(k_desc, [bh * n_k + key0, 0], kv_bar, k_s)
+    tma.async_copy_global_to_shared(v_desc, [bh * n_k + key0, 0], kv_bar, v_s)
     for j in gl.static_range(STAGES):
         first = j < n_iter
-        mbarrier.expect(ld_bars.index(j), 2 * BM * D * 2, pred=first)
-        tma.async_copy_global_to_shared(q_desc, [row_q + j * BM, 0], ld_bars.index(j), q_s.index(j), pred=first)
-        tma.async_copy_global_to_shared(do_desc, [row_q + j * BM, 0], ld_bars.index(j), do_s.index(j), pred=first)
-    offs_n = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, s_l))
-    dk = gl.zeros([BN, D], gl.float32, o_l)
-    dv = gl.zeros([BN, D], gl.float32, o_l)
-    zero_s = gl.zeros([BN, BM], gl.float32, s_l)
+        mbarrier.expect(ld_bars.index(W * STAGES + j), 2 * BM * D * 2, pred=first)
+        tma.async_copy_global_to_shared(q_desc, [row_q + j * BM, 0], ld_bars.index(W * STAGES + j), q_s.index(W * STAGES + j), pred=first)
+        tma.async_copy_global_to_shared(do_desc, [row_q + j * BM, 0], ld_bars.index(W * STAGES + j), do_s.index(W * STAGES + j), pred=first)
+    offs_n = key0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_l))
+    dk = gl.zeros([64, D], gl.float32, o_l)
+    dv = gl.zeros([64, D], gl.float32, o_l)
+    zero_s = gl.zeros([64, BM], gl.float32, s_l)
     zero_q = gl.zeros([BM, D], gl.float32, o_l)
     L_row = L + bh.to(gl.int64) * n_q
     D_row = Delta + bh.to(gl.int64) * n_q
+    # L and D of the first query tile; each iteration then loads the next tile's, so their global
+    # latency hides behind a tile of math instead of stalling the exponentials
+    offs_m = lo + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
+    L2 = gl.load(L_row + offs_m) * LOG2E
+    Di = gl.load(D_row + offs_m)
     mbarrier.wait(kv_bar, 0)
     for i in range(n_iter):
         s = i % STAGES
-        mbarrier.wait(ld_bars.index(s), (i // STAGES) & 1)
-        q = q_s.index(s)
-        do = do_s.index(s)
+        mbarrier.wait(ld_bars.index(W * STAGES + s), (i // STAGES) & 1)
+        q = q_s.index(W * STAGES + s)
+        do = do_s.index(W * STAGES + s)
         sT = hopper.warpgroup_mma(k_s, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dpT = hopper.warpgroup_mma(v_s, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
-        L2 = gl.load(L_row + offs_m) * LOG2E
-        Di = gl.load(D_row + offs_m)
         sT = hopper.warpgroup_mma_wait(1, deps=[sT])
         pT = gl.exp2(sT * qk_scale - L2[None, :])
         if CAUSAL:
@@ -75,25 +89,28 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s
         dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
         dpT = hopper.warpgroup_mma_wait(1, deps=[dpT])
         dsT = (pT * (dpT - Di[None, :])).to(dtype)
+        offs_m += BM  # the next tile's L, D (masked past the end)
+        L2 = gl.load(L_row + offs_m, mask=offs_m < n_q, other=0.0) * LOG2E
+        Di = gl.load(D_row + offs_m, mask=offs_m < n_q, other=0.0)
         dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)
         ds_s.store(dsT)  # dS^T (BN, BM): its transposed view is dQ's A operand
         fence_async_shared()
-        gl.thread_barrier()
+        gl.thread_barrier()  # this warpgroup's four warps (a partition's barrier is its own)
         dq = hopper.warpgroup_mma(ds_s.permute((1, 0)), k_s, zero_q, use_acc=False, is_async=True)
         dq, dv, dk = hopper.warpgroup_mma_wait(0, deps=[dq, dv, dk])
         # slot s is read by no MMA any more: prefetch tile i + STAGES into it
         nxt = i + STAGES
         pred = nxt < n_iter
-        mbarrier.expect(ld_bars.index(s), 2 * BM * D * 2, pred=pred)
-        tma.async_copy_global_to_shared(q_desc, [row_q + nxt * BM, 0], ld_bars.index(s), q_s.index(s), pred=pred)
-        tma.async_copy_global_to_shared(do_desc, [row_q + nxt * BM, 0], ld_bars.index(s), do_s.index(s), pred=pred)
-        # hand this tile's dQ share to the reducer
+        mbarrier.expect(ld_bars.index(W * STAGES + s), 2 * BM * D * 2, pred=pred)
+        tma.async_copy_global_to_shared(q_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), q_s.index(W * STAGES + s), pred=pred)
+        tma.async_copy_global_to_shared(do_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), do_s.index(W * STAGES + s), pred=pred)
+        # hand this tile's dQ share (its 64 keys' part) to the reducer
         t = i % SLOTS
-        mbarrier.wait(dq_empty.index(t), ((i // SLOTS) & 1) ^ 1)
-        dq_s.index(t).store(dq * sm_scale)
-        mbarrier.arrive(dq_full.index(t), count=1)
+        mbarrier.wait(dq_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)
+        dq_s.index(W * SLOTS + t).store(dq * sm_scale)
+        mbarrier.arrive(dq_full.index(W * SLOTS + t), count=1)
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
-    rows = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, o_l))
+    rows = key0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
     out = (bh.to(gl.int64) * n_k + rows)[:, None] * D + offs_d[None, :]
     gl.store(DK + out, (dk * sm_scale).to(dtype))
     gl.store(DV + out, dv.to(dtype))
@@ -101,56 +118,75 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s
 
 @gluon.jit
 def _reduce(DQ, dq_s, dq_full, dq_empty, bh, lo, n_iter, n_q, D: gl.constexpr, BM: gl.constexpr,
-            SLOTS: gl.constexpr):
-    lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+            SLOTS: gl.constexpr, WG: gl.constexpr, RW: gl.constexpr):
+    """Per query tile: wait for every math warpgroup's share, sum them, add the sum into dQ."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [RW, 1], [1, 0])
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, lay))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, lay))
     base = DQ + (bh.to(gl.int64) * n_q + lo) * D
     for i in range(n_iter):
         t = i % SLOTS
-        mbarrier.wait(dq_full.index(t), (i // SLOTS) & 1)
-        x = dq_s.index(t).load(lay)
-        mbarrier.arrive(dq_empty.index(t), count=1)
+        x = gl.zeros([BM, D], gl.float32, lay)
+        for w in gl.static_range(WG):  # warpgroup w's slots are w * SLOTS + t
+            mbarrier.wait(dq_full.index(w * SLOTS + t), (i // SLOTS) & 1)
+            x += dq_s.index(w * SLOTS + t).load(lay)
+            mbarrier.arrive(dq_empty.index(w * SLOTS + t), count=1)
         gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], x, sem="relaxed")
 
 
 @gluon.jit
 def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, DK, DV, n_q, n_k, qk_scale, sm_scale,
                           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                          SLOTS: gl.constexpr, CAUSAL: gl.constexpr, REDUCE_REGS: gl.constexpr):
+                          SLOTS: gl.constexpr, CAUSAL: gl.constexpr, MATH_REGS: gl.constexpr,
+                          REDUCE_REGS: gl.constexpr, REDUCE_WARPS: gl.constexpr):
+    WG: gl.constexpr = BN // 64  # math warpgroups, one per 64 keys; each has its own buffers
     lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
     n_bh = gl.num_programs(1)
     tile = lin // n_bh
     bh = lin % n_bh
-    if CAUSAL:
-        lo = tile * BN
-    else:
+    if CAUSAL:  # every warpgroup walks the same query tiles (the reducer pairs their shares by
+        lo = tile * BN  # index), from the program's first key on: a later warpgroup's first tiles
+    else:  # are masked to zero, a few wasted tiles out of many
         lo = tile * 0
     n_iter = (n_q - lo) // BM
     dtype: gl.constexpr = q_desc.dtype
-    kv_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
+    kv_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D], dtype)
     qd_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D], dtype)
-    ds_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
+    ds_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BM], dtype)
     dq_l: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
-    k_s = gl.allocate_shared_memory(dtype, [BN, D], kv_l)
-    v_s = gl.allocate_shared_memory(dtype, [BN, D], kv_l)
-    q_s = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_l)
-    do_s = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_l)
-    ds_s = gl.allocate_shared_memory(dtype, [BN, BM], ds_l)
-    dq_s = gl.allocate_shared_memory(gl.float32, [SLOTS, BM, D], dq_l)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ld_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for s in gl.static_range(STAGES):
+    k_s = gl.allocate_shared_memory(dtype, [WG, 64, D], kv_l)
+    v_s = gl.allocate_shared_memory(dtype, [WG, 64, D], kv_l)
+    q_s = gl.allocate_shared_memory(dtype, [WG * STAGES, BM, D], qd_l)
+    do_s = gl.allocate_shared_memory(dtype, [WG * STAGES, BM, D], qd_l)
+    ds_s = gl.allocate_shared_memory(dtype, [WG, 64, BM], ds_l)
+    dq_s = gl.allocate_shared_memory(gl.float32, [WG * SLOTS, BM, D], dq_l)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [WG, 1], mbarrier.MBarrierLayout())
+    ld_bars = gl.allocate_shared_memory(gl.int64, [WG * STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [WG * SLOTS, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [WG * SLOTS, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(WG):
+        mbarrier.init(kv_bar.index(w), count=1)
+    for s in gl.static_range(WG * STAGES):
         mbarrier.init(ld_bars.index(s), count=1)
-    for t in gl.static_range(SLOTS):
+    for t in gl.static_range(WG * SLOTS):
         mbarrier.init(dq_full.index(t), count=1)
         mbarrier.init(dq_empty.index(t), count=1)
-    gl.warp_specialize([
-        (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s,
-                 kv_bar, ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
-                 D, BM, BN, STAGES, SLOTS, CAUSAL)),
-        (_reduce, (DQ, dq_s, dq_full, dq_empty, bh, lo, n_iter, n_q, D, BM, SLOTS)),
-    ], [4], [REDUCE_REGS])
+    # the same function for each math warpgroup, W picking its buffers (the (function, args) pairs
+    # are spelled out in each call: jit code cannot hold one in a variable)
+    if WG == 1:
+        gl.warp_specialize([
+            (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s, kv_bar,
+                     ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+                     D, BM, BN, STAGES, SLOTS, CAUSAL, 0)),
+            (_reduce, (DQ, dq_s, dq_full, dq_empty, bh, lo, n_iter, n_q, D, BM, SLOTS, WG, REDUCE_WARPS)),
+        ], [REDUCE_WARPS], [REDUCE_REGS])
+    else:
+        gl.warp_specialize([
+            (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s, kv_bar,
+                     ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+                     D, BM, BN, STAGES, SLOTS, CAUSAL, 0)),
+            (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s, kv_bar,
+                     ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+                     D, BM, BN, STAGES, SLOTS, CAUSAL, 1)),
+            (_reduce, (DQ, dq_s, dq_full, dq_empty, bh, lo, n_iter, n_q, D, BM, SLOTS, WG, REDUCE_WARPS)),
+        ], [4, REDUCE_WARPS], [MATH_REGS, REDUCE_REGS])

@@ -1,13 +1,16 @@
 """Launch, check and time the warp-specialised one-pass backward (`flash_bwd_ws_kernel`, Gluon).
 
-EXPERIMENT: not wired into `launch_bwd` or the tuner until it has been checked and timed on the GPU.
+An experiment, measured but not wired into `launch_bwd` or the tuner: at the leaderboard shape it
+is correct and slower than the tuned two-pass Triton backward (the chapter's "What is left").
 
-    python -m cs336_systems.attention.onepass_ws          # leaderboard shape: check, then time
+    python -m cs336_systems.attention.onepass_ws                       # check, then time variants
+    python -m cs336_systems.attention.onepass_ws --versions math_only no_add full
 
 The check compares dQ, dK, dV with the two-pass Triton backward (and the tests compare with a
 float64 reference); the timing is round-robin (`ab_dkdv.time_round_robin`) over the Gluon kernel's
-variants (ring depths, reducer registers) and the tuned Triton backward, so the two meet the same
-clock. Rows go to results/attention/onepass_ws/<device>.jsonl.
+variants (keys per program, ring depths, reducer warps and registers), its ablations (`VERSIONS`,
+made by editing the kernel's source) and the tuned Triton backward, so all meet the same clock.
+Rows go to results/attention/onepass_ws/<device>.jsonl.
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import sys
 import torch
 from torch import Tensor
 
-BLOCK = 64  # square tiles (the kernel's causal loop assumes it)
+BLOCK = 64  # query rows per tile, and keys per math warpgroup
 
 
-def ws_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool) -> str | None:
+def ws_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool, block_n: int = BLOCK) -> str | None:
     """Why the Gluon kernel cannot take these inputs, or None."""
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
         return "needs a Hopper GPU (sm_90)"
@@ -32,74 +35,124 @@ def ws_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool) -
     if not all(t.is_contiguous() for t in (q, k, v, do)):
         return "needs contiguous inputs"
     n_q, n_k = q.shape[2], k.shape[2]
-    if n_q % BLOCK or n_k % BLOCK:
-        return f"sequence lengths must be multiples of {BLOCK}"
+    if n_q % BLOCK or n_k % block_n:
+        return f"n_q must be a multiple of {BLOCK} and n_k of {block_n}"
     if is_causal and n_q != n_k:
         return "causal needs n_q == n_k"
     return None
 
 
 def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
-                          reduce_regs: int = 80, maxnreg: int = 128) -> tuple[Tensor, Tensor, Tensor]:
-    """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32."""
+                          reduce_regs: int = 40, block_n: int = 128, reduce_warps: int = 8,
+                          kernel=None) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32.
+    block_n keys per program (64 or 128), one math warpgroup per 64 of them; reduce_warps (4 or 8)
+    add the dQ shares. `kernel` replaces the committed kernel (for ablations)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .flash_launch import _scales
     from .flash_bwd_ws_kernel import bwd_onepass_ws_kernel
 
-    if (why := ws_supported(q, k, v, do, is_causal)) is not None:
+    if block_n not in (64, 128):
+        raise ValueError(f"launch_bwd_onepass_ws: block_n must be 64 or 128, got {block_n}")
+    if reduce_warps not in (4, 8) or (reduce_warps == 8 and block_n == 64):
+        raise ValueError(f"launch_bwd_onepass_ws: reduce_warps must be 4, or 8 with block_n 128; got "
+                         f"{reduce_warps} with block_n {block_n}")
+    if (why := ws_supported(q, k, v, do, is_causal, block_n)) is not None:
         raise ValueError(f"launch_bwd_onepass_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
     n_k = k.shape[2]
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK, d], gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
+    gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK, d], gl_dtype)
     descs = [TensorDescriptor.from_tensor(t.reshape(-1, d), [BLOCK, d], layout) for t in (q, k, v, do)]
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale, qk_scale = _scales(d)
-    bwd_onepass_ws_kernel[(n_k // BLOCK, Z * H)](
+    # registers per thread at launch, so that two programs share an SM at 64 keys and one at 128 (the
+    # 64K-register file over their warps); setmaxnreg then moves registers from reducer to math warps
+    warps = 4 * block_n // 64 + reduce_warps
+    maxnreg = 65536 // ((2 if block_n == 64 else 1) * 32 * warps) // 8 * 8
+    math_regs = (warps * maxnreg - reduce_warps * reduce_regs) // (warps - reduce_warps) // 8 * 8
+    kernel = kernel or bwd_onepass_ws_kernel
+    kernel[(n_k // block_n, Z * H)](
         *descs, L, delta, dq, dk, dv, n_q, n_k, qk_scale, sm_scale,
-        D=d, BM=BLOCK, BN=BLOCK, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, REDUCE_REGS=reduce_regs,
-        num_warps=4, maxnreg=maxnreg)
+        D=d, BM=BLOCK, BN=block_n, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, MATH_REGS=math_regs,
+        REDUCE_REGS=reduce_regs, REDUCE_WARPS=reduce_warps, num_warps=4, maxnreg=maxnreg)
     return dq.to(q.dtype), dk, dv
 
 
+# ablations, made by editing the kernel's source (as ab_onepass does for the Triton one-pass kernel)
+ADD_LINE = '        gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], x, sem="relaxed")\n'
+HANDOFF = ("        mbarrier.wait(dq_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)\n"
+           "        dq_s.index(W * SLOTS + t).store(dq * sm_scale)\n"
+           "        mbarrier.arrive(dq_full.index(W * SLOTS + t), count=1)\n")
+REDUCE_LOOP = "    for i in range(n_iter):\n        t = i % SLOTS\n        x = gl.zeros"
+NEVER = "        if n_q < 0:  # ablation: never true, not known at compile time\n"
+VERSIONS = {"math_only": "math only (dQ's share computed, never handed over)",
+            "no_add": "+ hand-over to the reducer (staged, summed, not added)",
+            "full": "+ the adds (the kernel as committed)"}
+
+
+def variant_source(name: str, source: str) -> str:
+    """The kernel file's text for one ablation (raises if the lines it edits are not there once)."""
+    for marker in (ADD_LINE, HANDOFF, REDUCE_LOOP):
+        if source.count(marker) != 1:
+            raise ValueError(f"onepass_ws: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
+    guard = lambda block: NEVER + "".join("    " + line + "\n" for line in block.splitlines())  # noqa: E731
+    if name == "full":
+        return source
+    if name == "no_add":
+        return source.replace(ADD_LINE, guard(ADD_LINE))
+    if name == "math_only":
+        return source.replace(HANDOFF, guard(HANDOFF)).replace(REDUCE_LOOP, REDUCE_LOOP.replace("n_iter", "n_iter * 0", 1))
+    raise ValueError(f"onepass_ws: unknown version {name!r}; choose from {list(VERSIONS)}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    import itertools
+    import tempfile
+    from pathlib import Path
+
     from ..bench.store import ResultStore
-    from .ab_dkdv import add_run_args, require_gpu, time_round_robin
+    from .ab_dkdv import add_run_args, int_tuples, load_variant, require_gpu, time_round_robin
     from .configs import bwd_config
     from .flash_launch import launch_bwd
     from .tune import _prepare, _rel_err
 
     ap = argparse.ArgumentParser(prog="onepass_ws", description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", nargs="+", default=["2,2,80", "3,2,80", "2,3,80", "2,2,56"],
-                    metavar="STAGES,SLOTS,REDUCE_REGS")
+    ap.add_argument("--variants", nargs="+", default=["128,2,2,8,40", "128,2,3,8,40", "128,2,2,4,56", "64,2,2,4,56"],
+                    metavar="BLOCK_N,STAGES,SLOTS,REDUCE_WARPS,REDUCE_REGS")
+    ap.add_argument("--versions", nargs="+", default=["full"], choices=list(VERSIONS),
+                    help="ablations of the kernel (each timed at every variant)")
     add_run_args(ap)
     args = ap.parse_args(argv)
-    from .ab_dkdv import int_tuples
-
-    variants = int_tuples(ap, "--variants", args.variants, "STAGES,SLOTS,REDUCE_REGS")
+    fields = ("block_n", "stages", "slots", "reduce_warps", "reduce_regs")
+    variants = int_tuples(ap, "--variants", args.variants, ",".join(f.upper() for f in fields))
     require_gpu(ap)
     q, k, v, do, o, L, delta = _prepare(args.Z, args.seq, args.d, torch.bfloat16)
     cfg = bwd_config(q.dtype, args.d, True, args.Z, args.seq, args.seq)
     want = launch_bwd(q, k, v, o, L, do, True, cfg)
-    cells = {(("impl", "triton two-pass (tuned)"), ("stages", 0), ("slots", 0), ("reduce_regs", 0)):
+    cells = {(("impl", "triton two-pass (tuned)"), ("version", ""), *((f, 0) for f in fields)):
              (lambda: launch_bwd(q, k, v, o, L, do, True, cfg), 0.0)}
-    for stages, slots, regs in variants:
-        fn = lambda s=stages, t=slots, r=regs: launch_bwd_onepass_ws(q, k, v, do, L, delta, True, s, t, r)  # noqa: E731
-        try:
-            got = fn()
-        except Exception as exc:  # noqa: BLE001 - an experiment: report and go on with the others
-            print(f"[onepass_ws] {stages},{slots},{regs}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            continue
-        err = _rel_err(got, want)
-        print(f"[onepass_ws] {stages},{slots},{regs}: rel err vs two-pass {err:.2e}", flush=True)
-        if err < 3e-2:
-            cells[(("impl", "gluon one-pass ws"), ("stages", stages), ("slots", slots), ("reduce_regs", regs))] = (fn, err)
-    store = ResultStore("attention/onepass_ws", key=["run", "round", "impl", "stages", "slots", "reduce_regs"],
-                        root=args.results_dir)
-    time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
-                                                              "dtype": "bf16"})
+    source = Path(__file__).with_name("flash_bwd_ws_kernel.py").read_text()
+    with tempfile.TemporaryDirectory() as workdir:
+        for version, var in itertools.product(args.versions, variants):
+            path = Path(workdir) / f"ws_{version}.py"
+            if not path.exists():
+                path.write_text(variant_source(version, source))
+            kernel = load_variant(f"ws_{version}", path).bwd_onepass_ws_kernel
+            opts = dict(zip(fields, var))
+            fn = lambda o=opts, kern=kernel: launch_bwd_onepass_ws(q, k, v, do, L, delta, True, kernel=kern, **o)  # noqa: E731
+            err = _rel_err(fn(), want)  # compiles
+            print(f"[onepass_ws] {version} {opts}: rel err vs two-pass {err:.2e}", flush=True)
+            if version == "full" and not err < 3e-2:
+                raise SystemExit(f"[onepass_ws] {opts} is wrong (rel err {err:.3g}); not timing it")
+            cells[(("impl", "gluon one-pass ws"), ("version", version), *opts.items())] = (fn, err)
+        store = ResultStore("attention/onepass_ws", key=["run", "round", "impl", "version", *fields],
+                            root=args.results_dir)
+        time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
+                                                                  "dtype": "bf16"})
     return 0
 
 
