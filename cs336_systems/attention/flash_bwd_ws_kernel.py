@@ -36,17 +36,16 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, do_s, ds_all, dq_s,
-          kv_bars, ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, do_s, ds_s,
+          kv_bars, ld_bars, ds_full, ds_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
           CAUSAL: gl.constexpr, W: gl.constexpr):
     """Warpgroup W of the program: its 64 keys, over the query tiles lo, lo + BM, ... (n_iter of them).
-    Its buffers: index W of k_all, v_all, ds_all, kv_bars; stages W*STAGES.. of the Q/dO ring and
-    its barriers; slots W*SLOTS.. of the dQ ring and its barriers."""
+    Its buffers: index W of k_all, v_all, kv_bars; stages W*STAGES.. of the Q/dO ring and its
+    barriers; slots W*SLOTS.. of the dS^T ring and its barriers."""
     key0 = tile * BN + W * 64
     k_s = k_all.index(W)
     v_s = v_all.index(W)
-    ds_s = ds_all.index(W)
     kv_bar = kv_bars.index(W)
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
@@ -66,7 +65,6 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, 
     dk = gl.zeros([64, D], gl.float32, o_l)
     dv = gl.zeros([64, D], gl.float32, o_l)
     zero_s = gl.zeros([64, BM], gl.float32, s_l)
-    zero_q = gl.zeros([BM, D], gl.float32, o_l)
     L_row = L + bh.to(gl.int64) * n_q
     D_row = Delta + bh.to(gl.int64) * n_q
     # L and D of the first query tile; each iteration then loads the next tile's, so their global
@@ -93,22 +91,20 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, 
         L2 = gl.load(L_row + offs_m, mask=offs_m < n_q, other=0.0) * LOG2E
         Di = gl.load(D_row + offs_m, mask=offs_m < n_q, other=0.0)
         dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)
-        ds_s.store(dsT)  # dS^T (BN, BM): its transposed view is dQ's A operand
-        fence_async_shared()
-        gl.thread_barrier()  # this warpgroup's four warps (a partition's barrier is its own)
-        dq = hopper.warpgroup_mma(ds_s.permute((1, 0)), k_s, zero_q, use_acc=False, is_async=True)
-        dq, dv, dk = hopper.warpgroup_mma_wait(0, deps=[dq, dv, dk])
+        # hand dS^T to the dQ partition (dQ's share = dS K is its matmul, not ours)
+        t = i % SLOTS
+        mbarrier.wait(ds_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)
+        ds_s.index(W * SLOTS + t).store(dsT)
+        fence_async_shared()  # the generic-proxy store, before the dQ partition's MMA reads it
+        gl.thread_barrier()  # all four warps' parts stored (a partition's barrier is its own)
+        mbarrier.arrive(ds_full.index(W * SLOTS + t), count=1)
+        dv, dk = hopper.warpgroup_mma_wait(0, deps=[dv, dk])
         # slot s is read by no MMA any more: prefetch tile i + STAGES into it
         nxt = i + STAGES
         pred = nxt < n_iter
         mbarrier.expect(ld_bars.index(W * STAGES + s), 2 * BM * D * 2, pred=pred)
         tma.async_copy_global_to_shared(q_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), q_s.index(W * STAGES + s), pred=pred)
         tma.async_copy_global_to_shared(do_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), do_s.index(W * STAGES + s), pred=pred)
-        # hand this tile's dQ share (its 64 keys' part) to the reducer
-        t = i % SLOTS
-        mbarrier.wait(dq_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)
-        dq_s.index(W * SLOTS + t).store(dq * sm_scale)
-        mbarrier.arrive(dq_full.index(W * SLOTS + t), count=1)
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
     rows = key0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
     out = (bh.to(gl.int64) * n_k + rows)[:, None] * D + offs_d[None, :]
@@ -117,28 +113,34 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, 
 
 
 @gluon.jit
-def _reduce(DQ, dq_s, dq_full, dq_empty, bh, lo, n_iter, n_q, D: gl.constexpr, BM: gl.constexpr,
-            SLOTS: gl.constexpr, WG: gl.constexpr, RW: gl.constexpr):
-    """Per query tile: wait for every math warpgroup's share, sum them, add the sum into dQ."""
-    lay: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [RW, 1], [1, 0])
-    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, lay))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, lay))
+def _dq(DQ, k_all, kv_bars, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_scale, D: gl.constexpr,
+        BM: gl.constexpr, SLOTS: gl.constexpr, WG: gl.constexpr):
+    """One warpgroup: per query tile, dQ's share = sum over the math warpgroups w of dS_w K_w (the
+    tensor cores do the sum: one accumulator), then the add of that share into the fp32 dQ."""
+    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, q_l))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
     base = DQ + (bh.to(gl.int64) * n_q + lo) * D
+    zero_q = gl.zeros([BM, D], gl.float32, q_l)
+    for w in gl.static_range(WG):
+        mbarrier.wait(kv_bars.index(w), 0)  # K_w is in shared memory
     for i in range(n_iter):
         t = i % SLOTS
-        x = gl.zeros([BM, D], gl.float32, lay)
+        dq = zero_q
         for w in gl.static_range(WG):  # warpgroup w's slots are w * SLOTS + t
-            mbarrier.wait(dq_full.index(w * SLOTS + t), (i // SLOTS) & 1)
-            x += dq_s.index(w * SLOTS + t).load(lay)
-            mbarrier.arrive(dq_empty.index(w * SLOTS + t), count=1)
-        gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], x, sem="relaxed")
+            mbarrier.wait(ds_full.index(w * SLOTS + t), (i // SLOTS) & 1)
+            dq = hopper.warpgroup_mma(ds_s.index(w * SLOTS + t).permute((1, 0)), k_all.index(w), dq, is_async=True)
+        dq = hopper.warpgroup_mma_wait(0, deps=[dq])
+        for w in gl.static_range(WG):
+            mbarrier.arrive(ds_empty.index(w * SLOTS + t), count=1)
+        gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], dq * sm_scale, sem="relaxed")
 
 
 @gluon.jit
 def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, DK, DV, n_q, n_k, qk_scale, sm_scale,
                           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                           SLOTS: gl.constexpr, CAUSAL: gl.constexpr, MATH_REGS: gl.constexpr,
-                          REDUCE_REGS: gl.constexpr, REDUCE_WARPS: gl.constexpr):
+                          DQ_REGS: gl.constexpr):
     WG: gl.constexpr = BN // 64  # math warpgroups, one per 64 keys; each has its own buffers
     lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
     n_bh = gl.num_programs(1)
@@ -153,40 +155,31 @@ def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, DK, DV,
     kv_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D], dtype)
     qd_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D], dtype)
     ds_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BM], dtype)
-    dq_l: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
     k_s = gl.allocate_shared_memory(dtype, [WG, 64, D], kv_l)
     v_s = gl.allocate_shared_memory(dtype, [WG, 64, D], kv_l)
     q_s = gl.allocate_shared_memory(dtype, [WG * STAGES, BM, D], qd_l)
     do_s = gl.allocate_shared_memory(dtype, [WG * STAGES, BM, D], qd_l)
-    ds_s = gl.allocate_shared_memory(dtype, [WG, 64, BM], ds_l)
-    dq_s = gl.allocate_shared_memory(gl.float32, [WG * SLOTS, BM, D], dq_l)
+    ds_s = gl.allocate_shared_memory(dtype, [WG * SLOTS, 64, BM], ds_l)
     kv_bar = gl.allocate_shared_memory(gl.int64, [WG, 1], mbarrier.MBarrierLayout())
     ld_bars = gl.allocate_shared_memory(gl.int64, [WG * STAGES, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [WG * SLOTS, 1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [WG * SLOTS, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [WG * SLOTS, 1], mbarrier.MBarrierLayout())
+    ds_empty = gl.allocate_shared_memory(gl.int64, [WG * SLOTS, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(WG):
         mbarrier.init(kv_bar.index(w), count=1)
     for s in gl.static_range(WG * STAGES):
         mbarrier.init(ld_bars.index(s), count=1)
     for t in gl.static_range(WG * SLOTS):
-        mbarrier.init(dq_full.index(t), count=1)
-        mbarrier.init(dq_empty.index(t), count=1)
+        mbarrier.init(ds_full.index(t), count=1)
+        mbarrier.init(ds_empty.index(t), count=1)
     # the same function for each math warpgroup, W picking its buffers (the (function, args) pairs
     # are spelled out in each call: jit code cannot hold one in a variable)
-    if WG == 1:
-        gl.warp_specialize([
-            (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s, kv_bar,
-                     ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
-                     D, BM, BN, STAGES, SLOTS, CAUSAL, 0)),
-            (_reduce, (DQ, dq_s, dq_full, dq_empty, bh, lo, n_iter, n_q, D, BM, SLOTS, WG, REDUCE_WARPS)),
-        ], [REDUCE_WARPS], [REDUCE_REGS])
-    else:
-        gl.warp_specialize([
-            (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s, kv_bar,
-                     ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
-                     D, BM, BN, STAGES, SLOTS, CAUSAL, 0)),
-            (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, dq_s, kv_bar,
-                     ld_bars, dq_full, dq_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
-                     D, BM, BN, STAGES, SLOTS, CAUSAL, 1)),
-            (_reduce, (DQ, dq_s, dq_full, dq_empty, bh, lo, n_iter, n_q, D, BM, SLOTS, WG, REDUCE_WARPS)),
-        ], [4, REDUCE_WARPS], [MATH_REGS, REDUCE_REGS])
+    gl.static_assert(WG == 2, "written for two math warpgroups (BN = 128)")
+    gl.warp_specialize([
+        (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, kv_bar,
+                 ld_bars, ds_full, ds_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+                 D, BM, BN, STAGES, SLOTS, CAUSAL, 0)),
+        (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, kv_bar,
+                 ld_bars, ds_full, ds_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+                 D, BM, BN, STAGES, SLOTS, CAUSAL, 1)),
+        (_dq, (DQ, k_s, kv_bar, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_scale, D, BM, SLOTS, WG)),
+    ], [4, 4], [MATH_REGS, DQ_REGS])

@@ -8,7 +8,7 @@ is correct and slower than the tuned two-pass Triton backward (the chapter's "Wh
 
 The check compares dQ, dK, dV with the two-pass Triton backward (and the tests compare with a
 float64 reference); the timing is round-robin (`ab_dkdv.time_round_robin`) over the Gluon kernel's
-variants (keys per program, ring depths, reducer warps and registers), its ablations (`VERSIONS`,
+variants (keys per program, ring depths, the dQ warpgroup's registers), its ablations (`VERSIONS`,
 made by editing the kernel's source) and the tuned Triton backward, so all meet the same clock.
 Rows go to results/attention/onepass_ws/<device>.jsonl.
 """
@@ -43,22 +43,20 @@ def ws_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool, b
 
 
 def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
-                          reduce_regs: int = 40, block_n: int = 128, reduce_warps: int = 8,
-                          kernel=None) -> tuple[Tensor, Tensor, Tensor]:
+                          dq_regs: int = 96, block_n: int = 128, kernel=None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32.
-    block_n keys per program (64 or 128), one math warpgroup per 64 of them; reduce_warps (4 or 8)
-    add the dQ shares. `kernel` replaces the committed kernel (for ablations)."""
+    block_n keys per program (128), one math warpgroup per 64 of them; one more warpgroup
+    (dq_regs registers per thread) does dQ's matmul and adds. `kernel` replaces the committed kernel (for ablations)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .flash_launch import _scales
     from .flash_bwd_ws_kernel import bwd_onepass_ws_kernel
 
-    if block_n not in (64, 128):
-        raise ValueError(f"launch_bwd_onepass_ws: block_n must be 64 or 128, got {block_n}")
-    if reduce_warps not in (4, 8) or (reduce_warps == 8 and block_n == 64):
-        raise ValueError(f"launch_bwd_onepass_ws: reduce_warps must be 4, or 8 with block_n 128; got "
-                         f"{reduce_warps} with block_n {block_n}")
+    if block_n != 128:  # at 64 keys two programs per SM do not fit their registers without spills
+        raise ValueError(f"launch_bwd_onepass_ws: block_n must be 128, got {block_n}")
+    if dq_regs % 8 or not 24 <= dq_regs <= 256:
+        raise ValueError(f"launch_bwd_onepass_ws: dq_regs must be a multiple of 8 in [24, 256], got {dq_regs}")
     if (why := ws_supported(q, k, v, do, is_causal, block_n)) is not None:
         raise ValueError(f"launch_bwd_onepass_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
@@ -69,34 +67,34 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale, qk_scale = _scales(d)
-    # registers per thread at launch, so that two programs share an SM at 64 keys and one at 128 (the
-    # 64K-register file over their warps); setmaxnreg then moves registers from reducer to math warps
-    warps = 4 * block_n // 64 + reduce_warps
-    maxnreg = 65536 // ((2 if block_n == 64 else 1) * 32 * warps) // 8 * 8
-    math_regs = (warps * maxnreg - reduce_warps * reduce_regs) // (warps - reduce_warps) // 8 * 8
+    # registers per thread at launch: the 64K-register file over one program's 12 warps; setmaxnreg
+    # then moves registers from the dQ warpgroup to the math warpgroups
+    warps = 4 * block_n // 64 + 4
+    maxnreg = 65536 // (32 * warps) // 8 * 8
+    math_regs = min(256, (warps * maxnreg - 4 * dq_regs) // (warps - 4) // 8 * 8)
     kernel = kernel or bwd_onepass_ws_kernel
     kernel[(n_k // block_n, Z * H)](
         *descs, L, delta, dq, dk, dv, n_q, n_k, qk_scale, sm_scale,
         D=d, BM=BLOCK, BN=block_n, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, MATH_REGS=math_regs,
-        REDUCE_REGS=reduce_regs, REDUCE_WARPS=reduce_warps, num_warps=4, maxnreg=maxnreg)
+        DQ_REGS=dq_regs, num_warps=4, maxnreg=maxnreg)
     return dq.to(q.dtype), dk, dv
 
 
 # ablations, made by editing the kernel's source (as ab_onepass does for the Triton one-pass kernel)
-ADD_LINE = '        gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], x, sem="relaxed")\n'
-HANDOFF = ("        mbarrier.wait(dq_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)\n"
-           "        dq_s.index(W * SLOTS + t).store(dq * sm_scale)\n"
-           "        mbarrier.arrive(dq_full.index(W * SLOTS + t), count=1)\n")
-REDUCE_LOOP = "    for i in range(n_iter):\n        t = i % SLOTS\n        x = gl.zeros"
+ADD_LINE = '        gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], dq * sm_scale, sem="relaxed")\n'
+HANDOFF = ("        mbarrier.wait(ds_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)\n"
+           "        ds_s.index(W * SLOTS + t).store(dsT)\n")
+DQ_LOOP = "    for i in range(n_iter):\n        t = i % SLOTS\n        dq = zero_q"
+IMPL = "gluon one-pass ws, dQ warpgroup"  # rows before it: "gluon one-pass ws" (staged shares)
 NEVER = "        if n_q < 0:  # ablation: never true, not known at compile time\n"
-VERSIONS = {"math_only": "math only (dQ's share computed, never handed over)",
-            "no_add": "+ hand-over to the reducer (staged, summed, not added)",
+VERSIONS = {"math_only": "math warpgroups only (dS^T computed, not handed over; no dQ)",
+            "no_add": "+ dS^T handed over, dQ's matmul (not added)",
             "full": "+ the adds (the kernel as committed)"}
 
 
 def variant_source(name: str, source: str) -> str:
     """The kernel file's text for one ablation (raises if the lines it edits are not there once)."""
-    for marker in (ADD_LINE, HANDOFF, REDUCE_LOOP):
+    for marker in (ADD_LINE, HANDOFF, DQ_LOOP):
         if source.count(marker) != 1:
             raise ValueError(f"onepass_ws: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
     guard = lambda block: NEVER + "".join("    " + line + "\n" for line in block.splitlines())  # noqa: E731
@@ -105,7 +103,7 @@ def variant_source(name: str, source: str) -> str:
     if name == "no_add":
         return source.replace(ADD_LINE, guard(ADD_LINE))
     if name == "math_only":
-        return source.replace(HANDOFF, guard(HANDOFF)).replace(REDUCE_LOOP, REDUCE_LOOP.replace("n_iter", "n_iter * 0", 1))
+        return source.replace(HANDOFF, guard(HANDOFF)).replace(DQ_LOOP, DQ_LOOP.replace("n_iter", "n_iter * 0", 1))
     raise ValueError(f"onepass_ws: unknown version {name!r}; choose from {list(VERSIONS)}")
 
 
@@ -121,19 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     from .tune import _prepare, _rel_err
 
     ap = argparse.ArgumentParser(prog="onepass_ws", description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", nargs="+", default=["128,2,2,8,40", "128,2,3,8,40", "128,2,2,4,56", "64,2,2,4,56"],
-                    metavar="BLOCK_N,STAGES,SLOTS,REDUCE_WARPS,REDUCE_REGS")
+    ap.add_argument("--variants", nargs="+", default=["128,2,2,96", "128,2,3,96", "128,3,3,96", "128,2,2,128", "128,2,2,64"],
+                    metavar="BLOCK_N,STAGES,SLOTS,DQ_REGS")
     ap.add_argument("--versions", nargs="+", default=["full"], choices=list(VERSIONS),
                     help="ablations of the kernel (each timed at every variant)")
     add_run_args(ap)
     args = ap.parse_args(argv)
-    fields = ("block_n", "stages", "slots", "reduce_warps", "reduce_regs")
+    fields = ("block_n", "stages", "slots", "dq_regs")
     variants = int_tuples(ap, "--variants", args.variants, ",".join(f.upper() for f in fields))
+    # the rows' fields (kept from the first design, where a reducer partition added staged shares)
+    stored = ("block_n", "stages", "slots", "reduce_warps", "reduce_regs")
     require_gpu(ap)
     q, k, v, do, o, L, delta = _prepare(args.Z, args.seq, args.d, torch.bfloat16)
     cfg = bwd_config(q.dtype, args.d, True, args.Z, args.seq, args.seq)
     want = launch_bwd(q, k, v, o, L, do, True, cfg)
-    cells = {(("impl", "triton two-pass (tuned)"), ("version", ""), *((f, 0) for f in fields)):
+    cells = {(("impl", "triton two-pass (tuned)"), ("version", ""), *((f, 0) for f in stored)):
              (lambda: launch_bwd(q, k, v, o, L, do, True, cfg), 0.0)}
     source = Path(__file__).with_name("flash_bwd_ws_kernel.py").read_text()
     with tempfile.TemporaryDirectory() as workdir:
@@ -148,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[onepass_ws] {version} {opts}: rel err vs two-pass {err:.2e}", flush=True)
             if version == "full" and not err < 3e-2:
                 raise SystemExit(f"[onepass_ws] {opts} is wrong (rel err {err:.3g}); not timing it")
-            cells[(("impl", "gluon one-pass ws"), ("version", version), *opts.items())] = (fn, err)
-        store = ResultStore("attention/onepass_ws", key=["run", "round", "impl", "version", *fields],
+            row = dict(block_n=opts["block_n"], stages=opts["stages"], slots=opts["slots"], reduce_warps=4,
+                       reduce_regs=opts["dq_regs"])
+            cells[(("impl", IMPL), ("version", version), *row.items())] = (fn, err)
+        store = ResultStore("attention/onepass_ws", key=["run", "round", "impl", "version", *stored],
                             root=args.results_dir)
         time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
                                                                   "dtype": "bf16"})
