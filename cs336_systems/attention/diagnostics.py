@@ -221,3 +221,47 @@ def leaderboard_clock_table() -> str:
     return (markdown_table(df, formats={"mean ms": ".3f", "SM MHz (median, busy)": ".0f", "SM MHz (min)": ".0f",
                                         "W (median, busy)": ".0f"})
             + f"\n\n*Samples: {files} (nvidia-smi every 250 ms); rows: `results/attention/flash_leaderboard/nvidia-h200.jsonl`.*")
+
+
+WS_BENCH = "attention/onepass_ws"
+WS_DESIGNS = {  # impl field of the rows -> what that kernel was
+    "gluon one-pass ws": "math warpgroups stage fp32 dQ shares; a reducer sums and adds them",
+    "gluon one-pass ws, dQ warpgroup": "math warpgroups hand over dS^T; a dQ warpgroup does dS K and the adds",
+}
+
+
+def ws_rows() -> pd.DataFrame:
+    """Median over each run's interleaved rounds, one row per (run, kernel, version, variant)."""
+    df = load_results(WS_BENCH, status="ok")
+    keys = ["run", "git", "impl", "version", "block_n", "stages", "slots", "reduce_warps", "reduce_regs"]
+    return df.groupby(keys, as_index=False).agg(median_ms=("ms", "median"), rounds=("ms", "size"))
+
+
+def ws_table() -> str:
+    """Every run of the Gluon kernel, each beside the tuned two-pass backward timed in the same run."""
+    g = ws_rows()
+    two = g[g.impl.str.startswith("triton")].set_index("run").median_ms
+    g = g[~g.impl.str.startswith("triton")].copy()
+    g["vs two-pass"] = g.median_ms / g.run.map(two)
+    g["design"] = g.impl.map(WS_DESIGNS)
+    g["variant"] = g.apply(lambda r: f"{r.block_n} keys, {r.stages} stages, {r.slots} slots, "
+                                     f"{r.reduce_warps} w x {r.reduce_regs} regs", axis=1)
+    g["two-pass ms"] = g.run.map(two)
+    g = g.sort_values(["run", "median_ms"])
+    shown = g[["run", "git", "design", "version", "variant", "median_ms", "two-pass ms", "vs two-pass", "rounds"]]
+    return (markdown_table(shown.rename(columns={"median_ms": "median ms"}),
+                           formats={"median ms": ".3f", "two-pass ms": ".3f", "vs two-pass": ".3f"})
+            + "\n\n" + provenance_line(load_results(WS_BENCH), f"results/{WS_BENCH}/nvidia-h200.jsonl"))
+
+
+def ws_best() -> dict:
+    """The newest run's fastest full kernel, its ablations at the same variant, and the two-pass."""
+    g = ws_rows()
+    run = g.run.max()
+    g = g[g.run == run]
+    full = g[g.version == "full"].sort_values("median_ms").iloc[0]
+    same = g[(g.impl == full.impl) & (g.block_n == full.block_n) & (g.stages == full.stages)
+             & (g.slots == full.slots) & (g.reduce_regs == full.reduce_regs)].set_index("version").median_ms
+    two = float(g[g.impl.str.startswith("triton")].median_ms.iloc[0])
+    return {"run": run, "git": full.git, "full": float(full.median_ms), "two_pass": two,
+            **{v: float(ms) for v, ms in same.items() if v != "full"}}
