@@ -51,9 +51,7 @@ def test_compiles_for_sm90_without_spills(block_n, dq_regs):
     sig = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "do_desc": desc, "L": "*fp32", "Delta": "*fp32",
            "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16", "n_q": "i32", "n_k": "i32", "qk_scale": "fp32",
            "sm_scale": "fp32"}
-    warps = block_n // 16 + 4
-    maxnreg = 65536 // (32 * warps) // 8 * 8  # as the launcher sets it
-    math_regs = min(256, (warps * maxnreg - 4 * dq_regs) // (warps - 4) // 8 * 8)
+    maxnreg, math_regs = onepass_ws.register_split(block_n, dq_regs)  # as the launcher sets them
     const = dict(D=64, BM=64, BN=block_n, STAGES=2, SLOTS=2, CAUSAL=True, MATH_REGS=math_regs, DQ_REGS=dq_regs)
     src = gluon._runtime.GluonASTSource(bwd_onepass_ws_kernel, sig | {k: "constexpr" for k in const}, constexprs=const)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})

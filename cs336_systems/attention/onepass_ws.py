@@ -42,6 +42,15 @@ def ws_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool, b
     return None
 
 
+def register_split(block_n: int, dq_regs: int) -> tuple[int, int]:
+    """(maxnreg at launch, math warpgroups' registers): the 64K-register file over one program's warps
+    (a math warpgroup per 64 keys, and the dQ warpgroup); setmaxnreg then moves registers from the
+    dQ warpgroup (dq_regs) to the math warpgroups."""
+    warps = 4 * block_n // 64 + 4
+    maxnreg = 65536 // (32 * warps) // 8 * 8
+    return maxnreg, min(256, (warps * maxnreg - 4 * dq_regs) // (warps - 4) // 8 * 8)
+
+
 def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
                           dq_regs: int = 96, block_n: int = 128, kernel=None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32.
@@ -67,11 +76,7 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale, qk_scale = _scales(d)
-    # registers per thread at launch: the 64K-register file over one program's 12 warps; setmaxnreg
-    # then moves registers from the dQ warpgroup to the math warpgroups
-    warps = 4 * block_n // 64 + 4
-    maxnreg = 65536 // (32 * warps) // 8 * 8
-    math_regs = min(256, (warps * maxnreg - 4 * dq_regs) // (warps - 4) // 8 * 8)
+    maxnreg, math_regs = register_split(block_n, dq_regs)
     kernel = kernel or bwd_onepass_ws_kernel
     kernel[(n_k // block_n, Z * H)](
         *descs, L, delta, dq, dk, dv, n_q, n_k, qk_scale, sm_scale,
