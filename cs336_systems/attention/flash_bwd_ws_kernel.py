@@ -1,28 +1,30 @@
 """An experiment, measured (see onepass_ws.py and the chapter): the one-pass FlashAttention-2
-backward in Gluon, with the dQ adds moved off the math warps (warp specialisation).
+backward in Gluon, with dQ's matmul and adds moved off the math warps (warp specialisation).
 
 Why: `ab_onepass` and `reduce_probe` showed that the one-pass kernel's dQ adds (8.6 GB of fp32 at
 the leaderboard shape with 64-key tiles, ~2.4 ms alone) overlap the math only partly when the warps
 that do the math also issue them. Triton 3.6 cannot move them (no warp specialisation of this loop,
 one staging buffer per bulk reduction); Gluon, Triton's lower-level dialect, can. A program owns
-BN = 64 or 128 keys:
+BN = 128 keys:
 
-    one math partition per 64 keys (4 warps, a warpgroup; `_math`): K, V resident in shared
-        memory; Q, dO tiles streamed through its own TMA ring of STAGES slots; per query tile, as
-        in flash_bwd_onepass_kernel,
+    two math partitions, one per 64 keys (4 warps, a warpgroup, each; `_math`): K, V resident in
+        shared memory; Q, dO tiles streamed through the partition's own TMA ring of STAGES slots;
+        per query tile, as in flash_bwd_onepass_kernel,
             S^T = K Q^T,  P^T = exp2(S^T c - L2),  dV += P^T dO,  dP^T = V dO^T,
-            dS^T = P^T (dP^T - D),  dK += dS^T Q,  dQ_share = dS K * sm_scale
-        and the share goes into its shared-memory ring of SLOTS tiles (mbarriers full/empty)
-    one reducer partition (REDUCE_WARPS warps, REDUCE_REGS registers; `_reduce`): per query tile,
-        sums the math warpgroups' shares and adds the sum into the fp32 dQ with atomics, while the
-        math warps go on. At 128 keys that halves the adds against 64 (4.3 GB, not 8.6).
+            dS^T = P^T (dP^T - D),  dK += dS^T Q
+        and dS^T (bf16) goes into the partition's shared-memory ring of SLOTS tiles (mbarriers
+        full/empty)
+    one dQ partition (a warpgroup, DQ_REGS registers; `_dq`): per query tile, dQ's share
+        dS K * sm_scale over all 128 keys (both halves of dS^T into one accumulator: the tensor
+        cores do the sum), added into the fp32 dQ with atomics while the math warps go on. 128 keys
+        per program halve the adds against 64 (4.3 GB, not 8.6).
 
 The math warpgroups are separate partitions, not one 8-warp partition, so each synchronises only
 its own four warps (a 128-key tile split over one 8-warp partition needed a barrier of all eight
-per tile, which measured slower). setmaxnreg moves registers from the reducer to the math warps
-(MATH_REGS; with one math partition the compiler picks it). Written against Triton 3.6's Gluon API,
-the GPU's version (Gluon's API changes between releases: 3.9 renamed the TMA copies). Grid (key
-blocks of BN, Z*H); contiguous bf16/fp16 inputs, head dim 64; n_q a multiple of 64, n_k of BN.
+per tile, which measured slower). setmaxnreg moves registers from the dQ warpgroup to the math
+warpgroups (MATH_REGS; `onepass_ws.register_split`). Written against Triton 3.6's Gluon API, the
+GPU's version (Gluon's API changes between releases: 3.9 renamed the TMA copies). Grid (key blocks
+of BN, Z*H); contiguous bf16/fp16 inputs, head dim 64; n_q a multiple of 64, n_k of BN.
 `onepass_ws.py` launches, checks, ablates and times it.
 """
 
@@ -146,7 +148,7 @@ def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, DK, DV,
     n_bh = gl.num_programs(1)
     tile = lin // n_bh
     bh = lin % n_bh
-    if CAUSAL:  # every warpgroup walks the same query tiles (the reducer pairs their shares by
+    if CAUSAL:  # every warpgroup walks the same query tiles (the dQ warpgroup pairs their dS^T by
         lo = tile * BN  # index), from the program's first key on: a later warpgroup's first tiles
     else:  # are masked to zero, a few wasted tiles out of many
         lo = tile * 0
