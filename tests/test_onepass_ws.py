@@ -32,14 +32,14 @@ def test_ablations_edit_what_they_name():
     assert onepass_ws.NEVER + "    " + onepass_ws.HANDOFF.splitlines()[0] in math_only
     assert "range(n_iter * 0)" in math_only
     with pytest.raises(ValueError, match="copies of"):
-        onepass_ws.variant_source("full", src.replace(onepass_ws.ADD_LINE, ""))
+        onepass_ws.variant_source("full", src.replace(onepass_ws.ADD_BLOCK, ""))
 
 
 @pytest.mark.skipif(not triton.__version__.startswith("3.6"),
                     reason=f"Gluon's API changes between releases; the kernel is written for the GPU's Triton 3.6 "
                            f"(installed: {triton.__version__})")
-@pytest.mark.parametrize("block_n,dq_regs", [(128, 96), (128, 64)])
-def test_compiles_for_sm90_without_spills(block_n, dq_regs):
+@pytest.mark.parametrize("block_n,dq_regs,dq_tma", [(128, 96, False), (128, 64, False), (128, 96, True)])
+def test_compiles_for_sm90_without_spills(block_n, dq_regs, dq_tma):
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
 
@@ -49,14 +49,17 @@ def test_compiles_for_sm90_without_spills(block_n, dq_regs):
     lay = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
     desc = f"tensordesc<bf16[64, 64],{lay}>"
     sig = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "do_desc": desc, "L": "*fp32", "Delta": "*fp32",
-           "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16", "n_q": "i32", "n_k": "i32", "qk_scale": "fp32",
+           "DQ": "*fp32", "dq_desc": "tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
+                                      "element_bitwidth=32, rank=2)>", "DK": "*bf16", "DV": "*bf16", "n_q": "i32", "n_k": "i32", "qk_scale": "fp32",
            "sm_scale": "fp32"}
     maxnreg, math_regs = onepass_ws.register_split(block_n, dq_regs)  # as the launcher sets them
-    const = dict(D=64, BM=64, BN=block_n, STAGES=2, SLOTS=2, CAUSAL=True, MATH_REGS=math_regs, DQ_REGS=dq_regs)
+    const = dict(D=64, BM=64, BN=block_n, STAGES=2, SLOTS=2, CAUSAL=True, MATH_REGS=math_regs, DQ_REGS=dq_regs,
+                 DQ_TMA=dq_tma, RED_BUFS=2)
     src = gluon._runtime.GluonASTSource(bwd_onepass_ws_kernel, sig | {k: "constexpr" for k in const}, constexprs=const)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
     ptx = k.asm["ptx"]
     assert ptx.count("wgmma.mma_async") > 0 and "setmaxnreg" in ptx  # tensor cores, and specialised warps
+    assert ("cp.reduce.async.bulk.tensor" in ptx) == dq_tma and ("atom.global" in ptx) != dq_tma  # the adds' path
     assert k.metadata.shared <= 227 * 1024  # the program's shared memory fits an SM
     # spills are made by ptxas, after the PTX (whose registers are virtual): count them in the SASS
     code = machine_code(k.asm["cubin"])
@@ -71,8 +74,9 @@ def test_compiles_for_sm90_without_spills(block_n, dq_regs):
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 256, 256), (1, 2, 128, 384), (16, 1, 1024, 1024)],
                          ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("block_n,stages,slots", [(128, 2, 2), (128, 3, 3), (128, 2, 4)])
-def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, block_n, stages, slots):
+@pytest.mark.parametrize("block_n,stages,slots,dq_tma", [(128, 2, 2, False), (128, 3, 3, False), (128, 2, 4, False),
+                                                         (128, 2, 2, True), (128, 2, 3, True)])
+def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, block_n, stages, slots, dq_tma):
     from cs336_systems.attention.flash_launch import launch_fwd, launch_preprocess
 
     Z, H, n_q, n_k = shape
@@ -83,7 +87,7 @@ def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, block_n, sta
     k, v = (torch.randn(Z, H, n_k, 64, device="cuda", dtype=dtype, generator=g) for _ in range(2))
     o, L = launch_fwd(q, k, v, is_causal)
     dq, dk, dv = onepass_ws.launch_bwd_onepass_ws(q, k, v, do, L, launch_preprocess(o, do), is_causal, stages, slots,
-                                                  block_n=block_n)
+                                                  block_n=block_n, dq_tma=dq_tma)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     out, _ = attention_reference(q64, k64, v64, is_causal)
     out.backward(do.double())

@@ -227,6 +227,7 @@ WS_BENCH = "attention/onepass_ws"
 WS_DESIGNS = {  # impl field of the rows -> what that kernel was
     "gluon one-pass ws": "math warpgroups stage fp32 dQ shares; a reducer sums and adds them",
     "gluon one-pass ws, dQ warpgroup": "math warpgroups hand over dS^T; a dQ warpgroup does dS K and the adds",
+    "gluon one-pass ws, dQ warpgroup, TMA adds": "as above, the adds by TMA bulk reductions from shared memory",
 }
 
 

@@ -29,12 +29,22 @@ of BN, Z*H); contiguous bf16/fp16 inputs, head dim 64; n_q a multiple of 64, n_k
 """
 
 import triton
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add a shared-memory tile into global memory by a TMA bulk reduction (cp.reduce.async.bulk.tensor,
+    one bulk group). Gluon 3.6's builder has the op; its Hopper `tma` module does not expose it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -115,10 +125,13 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, 
 
 
 @gluon.jit
-def _dq(DQ, k_all, kv_bars, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_scale, D: gl.constexpr,
-        BM: gl.constexpr, SLOTS: gl.constexpr, WG: gl.constexpr):
+def _dq(DQ, dq_desc, red_s, k_all, kv_bars, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_scale,
+        D: gl.constexpr, BM: gl.constexpr, SLOTS: gl.constexpr, WG: gl.constexpr, DQ_TMA: gl.constexpr):
     """One warpgroup: per query tile, dQ's share = sum over the math warpgroups w of dS_w K_w (the
-    tensor cores do the sum: one accumulator), then the add of that share into the fp32 dQ."""
+    tensor cores do the sum: one accumulator), then the add of that share into the fp32 dQ: by
+    atomics from registers, or (DQ_TMA) staged in shared memory and added by a TMA bulk reduction
+    that no warp waits for until its buffer comes round again."""
+    RB: gl.constexpr = red_s.shape[0]  # staging buffers for the bulk reductions
     q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, q_l))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
@@ -135,14 +148,24 @@ def _dq(DQ, k_all, kv_bars, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_sca
         dq = hopper.warpgroup_mma_wait(0, deps=[dq])
         for w in gl.static_range(WG):
             mbarrier.arrive(ds_empty.index(w * SLOTS + t), count=1)
-        gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], dq * sm_scale, sem="relaxed")
+        if DQ_TMA:
+            tma.store_wait(RB - 1)  # the bulk reduction issued from buffer i % RB, RB tiles ago, has read it
+            gl.thread_barrier()
+            red_s.index(i % RB).store(dq * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            _tma_reduce_add(dq_desc, [bh * n_q + lo + i * BM, 0], red_s.index(i % RB))
+        else:
+            gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], dq * sm_scale, sem="relaxed")
+    if DQ_TMA:
+        tma.store_wait(0)
 
 
 @gluon.jit
-def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, DK, DV, n_q, n_k, qk_scale, sm_scale,
+def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, dq_desc, DK, DV, n_q, n_k, qk_scale, sm_scale,
                           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                           SLOTS: gl.constexpr, CAUSAL: gl.constexpr, MATH_REGS: gl.constexpr,
-                          DQ_REGS: gl.constexpr):
+                          DQ_REGS: gl.constexpr, DQ_TMA: gl.constexpr, RED_BUFS: gl.constexpr):
     WG: gl.constexpr = BN // 64  # math warpgroups, one per 64 keys; each has its own buffers
     lin = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
     n_bh = gl.num_programs(1)
@@ -162,6 +185,7 @@ def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, DK, DV,
     q_s = gl.allocate_shared_memory(dtype, [WG * STAGES, BM, D], qd_l)
     do_s = gl.allocate_shared_memory(dtype, [WG * STAGES, BM, D], qd_l)
     ds_s = gl.allocate_shared_memory(dtype, [WG * SLOTS, 64, BM], ds_l)
+    red_s = gl.allocate_shared_memory(gl.float32, [RED_BUFS, BM, D], dq_desc.layout)  # (DQ_TMA only)
     kv_bar = gl.allocate_shared_memory(gl.int64, [WG, 1], mbarrier.MBarrierLayout())
     ld_bars = gl.allocate_shared_memory(gl.int64, [WG * STAGES, 1], mbarrier.MBarrierLayout())
     ds_full = gl.allocate_shared_memory(gl.int64, [WG * SLOTS, 1], mbarrier.MBarrierLayout())
@@ -183,5 +207,6 @@ def bwd_onepass_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, DQ, DK, DV,
         (_math, (q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_s, v_s, q_s, do_s, ds_s, kv_bar,
                  ld_bars, ds_full, ds_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
                  D, BM, BN, STAGES, SLOTS, CAUSAL, 1)),
-        (_dq, (DQ, k_s, kv_bar, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_scale, D, BM, SLOTS, WG)),
+        (_dq, (DQ, dq_desc, red_s, k_s, kv_bar, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_scale,
+               D, BM, SLOTS, WG, DQ_TMA)),
     ], [4, 4], [MATH_REGS, DQ_REGS])

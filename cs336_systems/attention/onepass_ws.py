@@ -52,7 +52,8 @@ def register_split(block_n: int, dq_regs: int) -> tuple[int, int]:
 
 
 def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
-                          dq_regs: int = 96, block_n: int = 128, kernel=None) -> tuple[Tensor, Tensor, Tensor]:
+                          dq_regs: int = 96, block_n: int = 128, dq_tma: bool = False, red_bufs: int = 2,
+                          kernel=None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32.
     block_n keys per program (128), one math warpgroup per 64 of them; one more warpgroup
     (dq_regs registers per thread) does dQ's matmul and adds. `kernel` replaces the committed kernel (for ablations)."""
@@ -74,19 +75,28 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     layout = gl.NVMMASharedLayout.get_default_for([BLOCK, d], gl_dtype)
     descs = [TensorDescriptor.from_tensor(t.reshape(-1, d), [BLOCK, d], layout) for t in (q, k, v, do)]
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
+    dq_desc = TensorDescriptor.from_tensor(dq.view(-1, d), [BLOCK, d], gl.NVMMASharedLayout.get_default_for([BLOCK, d], gl.float32))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale, qk_scale = _scales(d)
     maxnreg, math_regs = register_split(block_n, dq_regs)
     kernel = kernel or bwd_onepass_ws_kernel
     kernel[(n_k // block_n, Z * H)](
-        *descs, L, delta, dq, dk, dv, n_q, n_k, qk_scale, sm_scale,
+        *descs, L, delta, dq, dq_desc, dk, dv, n_q, n_k, qk_scale, sm_scale,
         D=d, BM=BLOCK, BN=block_n, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, MATH_REGS=math_regs,
-        DQ_REGS=dq_regs, num_warps=4, maxnreg=maxnreg)
+        DQ_REGS=dq_regs, DQ_TMA=dq_tma, RED_BUFS=red_bufs, num_warps=4, maxnreg=maxnreg)
     return dq.to(q.dtype), dk, dv
 
 
 # ablations, made by editing the kernel's source (as ab_onepass does for the Triton one-pass kernel)
-ADD_LINE = '        gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], dq * sm_scale, sem="relaxed")\n'
+ADD_BLOCK = ('        if DQ_TMA:\n'
+            '            tma.store_wait(RB - 1)  # the bulk reduction issued from buffer i % RB, RB tiles ago, has read it\n'
+            '            gl.thread_barrier()\n'
+            '            red_s.index(i % RB).store(dq * sm_scale)\n'
+            '            fence_async_shared()\n'
+            '            gl.thread_barrier()\n'
+            '            _tma_reduce_add(dq_desc, [bh * n_q + lo + i * BM, 0], red_s.index(i % RB))\n'
+            '        else:\n'
+            '            gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], dq * sm_scale, sem="relaxed")\n')  # the adds: both paths
 HANDOFF = ("        mbarrier.wait(ds_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)\n"
            "        ds_s.index(W * SLOTS + t).store(dsT)\n")
 DQ_LOOP = "    for i in range(n_iter):\n        t = i % SLOTS\n        dq = zero_q"
@@ -99,14 +109,14 @@ VERSIONS = {"math_only": "math warpgroups only (dS^T computed, not handed over; 
 
 def variant_source(name: str, source: str) -> str:
     """The kernel file's text for one ablation (raises if the lines it edits are not there once)."""
-    for marker in (ADD_LINE, HANDOFF, DQ_LOOP):
+    for marker in (ADD_BLOCK, HANDOFF, DQ_LOOP):
         if source.count(marker) != 1:
             raise ValueError(f"onepass_ws: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
     guard = lambda block: NEVER + "".join("    " + line + "\n" for line in block.splitlines())  # noqa: E731
     if name == "full":
         return source
     if name == "no_add":
-        return source.replace(ADD_LINE, guard(ADD_LINE))
+        return source.replace(ADD_BLOCK, guard(ADD_BLOCK))
     if name == "math_only":
         return source.replace(HANDOFF, guard(HANDOFF)).replace(DQ_LOOP, DQ_LOOP.replace("n_iter", "n_iter * 0", 1))
     raise ValueError(f"onepass_ws: unknown version {name!r}; choose from {list(VERSIONS)}")
@@ -124,13 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     from .tune import _prepare, _rel_err
 
     ap = argparse.ArgumentParser(prog="onepass_ws", description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", nargs="+", default=["128,2,2,64", "128,2,2,96", "128,3,3,96"],
-                    metavar="BLOCK_N,STAGES,SLOTS,DQ_REGS")
+    ap.add_argument("--variants", nargs="+", default=["128,2,2,64,0", "128,2,2,96,0", "128,2,2,96,1", "128,2,3,96,1"],
+                    metavar="BLOCK_N,STAGES,SLOTS,DQ_REGS,DQ_TMA", help="DQ_TMA 1: the adds by TMA bulk reductions")
     ap.add_argument("--versions", nargs="+", default=["full"], choices=list(VERSIONS),
                     help="ablations of the kernel (each timed at every variant)")
     add_run_args(ap)
     args = ap.parse_args(argv)
-    fields = ("block_n", "stages", "slots", "dq_regs")
+    fields = ("block_n", "stages", "slots", "dq_regs", "dq_tma")
     variants = int_tuples(ap, "--variants", args.variants, ",".join(f.upper() for f in fields))
     # the rows' fields (kept from the first design, where a reducer partition added staged shares)
     stored = ("block_n", "stages", "slots", "reduce_warps", "reduce_regs")
@@ -148,14 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(variant_source(version, source))
             kernel = load_variant(f"ws_{version}", path).bwd_onepass_ws_kernel
             opts = dict(zip(fields, var))
-            fn = lambda o=opts, kern=kernel: launch_bwd_onepass_ws(q, k, v, do, L, delta, True, kernel=kern, **o)  # noqa: E731
+            fn = lambda o=opts, kern=kernel: launch_bwd_onepass_ws(  # noqa: E731
+                q, k, v, do, L, delta, True, kernel=kern, **(o | {"dq_tma": bool(o["dq_tma"])}))
             err = _rel_err(fn(), want)  # compiles
             print(f"[onepass_ws] {version} {opts}: rel err vs two-pass {err:.2e}", flush=True)
             if version == "full" and not err < 3e-2:
                 raise SystemExit(f"[onepass_ws] {opts} is wrong (rel err {err:.3g}); not timing it")
             row = dict(block_n=opts["block_n"], stages=opts["stages"], slots=opts["slots"], reduce_warps=4,
                        reduce_regs=opts["dq_regs"])
-            cells[(("impl", IMPL), ("version", version), *row.items())] = (fn, err)
+            impl = IMPL + (", TMA adds" if opts["dq_tma"] else "")
+            cells[(("impl", impl), ("version", version), *row.items())] = (fn, err)
         store = ResultStore("attention/onepass_ws", key=["run", "round", "impl", "version", *stored],
                             root=args.results_dir)
         time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
