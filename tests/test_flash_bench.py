@@ -87,6 +87,30 @@ def test_table_takes_a_key_from_its_own_shape():
     assert tune.choose(rows[:2] + [row(own, 0.1, "2", Z, N)])["fwd"][key] == own
 
 
+def test_table_takes_the_gluon_backward_only_where_its_newest_run_beat_the_two_pass():
+    from cs336_systems.attention.onepass_ws import IMPL
+
+    key, Z, N = tune.tune_shapes("leaderboard")[0][:3]
+    dkdv = {"block_m1": 64, "block_n1": 64, "num_warps1": 4, "num_stages1": 3,
+            "block_m2": 64, "block_n2": 32, "num_warps2": 4, "num_stages2": 2, "fused": False}
+    rows = [{"key": k, "kernel": kind, "config": dkdv, "ms": 1.0, "run": "1", "status": "ok", "Z": z, "seq": n}
+            for k, z, n in ((key, Z, N), ("other", 1, 64)) for kind in ("dkdv", "dq")]
+
+    def ws(run, impl, ms, stages=2, slots=2, regs=96, version="full"):
+        return {"run": run, "impl": impl, "ms": ms, "version": version, "stages": stages, "slots": slots,
+                "reduce_regs": regs, "Z": 16, "seq": 16384, "d": 64, "status": "ok"}
+    two = "triton two-pass (tuned)"
+    wins = [ws("a", two, 3.6), ws("a", IMPL + ", TMA adds", 3.3)]
+    table = tune.choose(rows, wins)
+    assert table["bwd"][key]["gluon_ws"] is True and "gluon_ws" not in table["bwd"]["other"]
+    assert "gluon_ws" not in tune.choose(rows)["bwd"][key]  # no runs: no change
+    # the newest run decides; other settings, ablations and the atomics version do not count
+    assert "gluon_ws" not in tune.choose(rows, wins + [ws("b", two, 3.6), ws("b", IMPL + ", TMA adds", 3.7)])["bwd"][key]
+    for other in (ws("a", IMPL + ", TMA adds", 3.3, slots=3), ws("a", IMPL + ", TMA adds", 3.0, version="no_add"),
+                  ws("a", IMPL, 3.0)):
+        assert "gluon_ws" not in tune.choose(rows, [ws("a", two, 3.6), other])["bwd"][key]
+
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
 def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "DEVICE", "cpu")

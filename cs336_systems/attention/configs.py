@@ -48,6 +48,10 @@ class BwdConfig:
     # d), per pass; inputs that do not qualify fall back to pointer loads.
     tma1: bool = False
     tma2: bool = False
+    # The warp-specialised one-pass backward in Gluon (flash_bwd_ws_kernel, at onepass_ws's measured
+    # settings) where it applies (Hopper, Triton 3.6, bf16/fp16, d = 64, n_k a multiple of 128);
+    # elsewhere the fields above decide. Set by `write-table` from onepass_ws's runs, not by `tune`.
+    gluon_ws: bool = False
 # --8<-- [end:configs]
 
     def __post_init__(self):

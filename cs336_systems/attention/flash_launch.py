@@ -187,6 +187,11 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
     Z, H, n_q, n_k, d = _shape(q, k)
     c = config or cfgs.bwd_config(q.dtype, d, is_causal, Z * H, n_q, n_k)
     delta = launch_preprocess(o, do)
+    if c.gluon_ws:
+        from .onepass_ws import launch_bwd_onepass_ws, ws_supported
+
+        if ws_supported(q, k, v, do, is_causal) is None:
+            return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal)
     if c.one_pass:
         return launch_bwd_onepass(q, k, v, do, L, delta, is_causal, c)
     if c.fused:

@@ -33,6 +33,9 @@ import torch
 
 from ..bench.store import ResultStore
 from .configs import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd, table_key
+from .onepass_ws import ws_beats_two_pass
+
+WS_BENCH = "attention/onepass_ws"
 
 BENCH = "attention/flash_tune"
 TABLE_PATH = Path(__file__).with_name("tuned_configs.py")
@@ -271,11 +274,13 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
 
 # -- from measurements to the table ---------------------------------------------------------------
 
-def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
+def choose(rows: list[dict], ws_rows: list[dict] = ()) -> dict[str, dict[str, dict]]:
     """The table: per key, the fastest forward; for backward the fastest of (best dK/dV + best dQ),
     the best fused launch and the best one-pass backward. Only each key's latest tuning run counts;
     where it has confirmation rounds for a kernel, their medians decide (single timings otherwise).
-    Where a key has rows at its own shape (`tune_shapes`), rows at other shapes do not count."""
+    Where a key has rows at its own shape (`tune_shapes`), rows at other shapes do not count.
+    The leaderboard's key takes the Gluon one-pass backward (`gluon_ws`) where `ws_rows` (onepass_ws's
+    runs, timed beside the tuned two-pass) say it wins (`onepass_ws.ws_beats_two_pass`)."""
     shape_of = {key: (Z, N) for key, Z, N, *_ in tune_shapes(None)}
     at_own = lambda r: (r.get("Z"), r.get("seq")) == shape_of.get(r.get("key"))  # noqa: E731
     own_keys = {r["key"] for r in rows if at_own(r)}
@@ -313,11 +318,17 @@ def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
                 if (key, kind) in best and best[(key, kind)][0] < t:
                     t, bwd = best[(key, kind)]
             table["bwd"][key] = bwd
+    lb_key = tune_shapes("leaderboard")[0][0]
+    if lb_key in table["bwd"] and ws_beats_two_pass(list(ws_rows)):
+        table["bwd"][lb_key] = {**table["bwd"][lb_key], "gluon_ws": True}  # measured at that key's shape only
     return table
 
 
 def write_table(rows: list[dict], source: str) -> Path:
-    table = choose(rows)
+    device = Path(source).stem  # the tuning rows' device: onepass_ws's rows from the same one
+    ws = ResultStore(WS_BENCH, key=["run"], device=device)
+    ws_rows = ws.rows() if ws.path.exists() else []
+    table = choose(rows, ws_rows)
     gits = sorted({r.get("git", "?") for r in rows if r.get("status") == "ok"})
     TABLE_PATH.write_text(
         '"""Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with\n'
