@@ -255,14 +255,15 @@ def ws_table() -> str:
             + "\n\n" + provenance_line(load_results(WS_BENCH), f"results/{WS_BENCH}/nvidia-h200.jsonl"))
 
 
-def ws_best() -> dict:
-    """The newest run's fastest full kernel, its ablations at the same variant, and the two-pass."""
+def ws_best(needs: str = "full") -> dict:
+    """The newest run that timed the `needs` version: its fastest full kernel, that kernel's ablations
+    (same kernel and variant) and the two-pass backward timed beside it."""
     g = ws_rows()
-    run = g.run.max()
+    run = g[g.version == needs].run.max()
     g = g[g.run == run]
     full = g[g.version == "full"].sort_values("median_ms").iloc[0]
     same = g[(g.impl == full.impl) & (g.block_n == full.block_n) & (g.stages == full.stages)
              & (g.slots == full.slots) & (g.reduce_regs == full.reduce_regs)].set_index("version").median_ms
     two = float(g[g.impl.str.startswith("triton")].median_ms.iloc[0])
-    return {"run": run, "git": full.git, "full": float(full.median_ms), "two_pass": two,
+    return {"run": run, "git": full.git, "impl": full.impl, "full": float(full.median_ms), "two_pass": two,
             **{v: float(ms) for v, ms in same.items() if v != "full"}}

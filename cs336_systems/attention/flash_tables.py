@@ -237,6 +237,9 @@ def describe_bwd(b: dict | None) -> str:
     """A backward table entry in words: one launch, one pass (and how it adds dQ), or two launches."""
     if not b:
         return "—"
+    if b.get("gluon_ws"):  # the rest of the entry is what unsupported inputs run
+        return "Gluon one-pass (warp-specialised, dQ by TMA bulk reductions) where it applies; else " + describe_bwd(
+            {k: v for k, v in b.items() if k != "gluon_ws"})
     if b.get("fused"):
         return "one launch: " + _tile("fused", b)
     if b.get("one_pass"):
