@@ -91,13 +91,13 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     return dq.to(q.dtype), dk, dv
 
 
-def ws_beats_two_pass(rows: list[dict]) -> bool:
-    """Whether, in the newest `onepass_ws` run at the leaderboard shape, the kernel as `launch_bwd` runs
+def ws_beats_two_pass(rows: list[dict], Z: int, seq: int, d: int) -> bool:
+    """Whether, in the newest `onepass_ws` run at this shape, the kernel as `launch_bwd` runs
     it (the launcher's defaults: 2 stages, 2 slots, 96 registers, TMA adds; version full) was faster
     than the tuned two-pass backward timed beside it (medians over the run's rounds)."""
     import statistics
 
-    rows = [r for r in rows if r.get("status") == "ok" and (r.get("Z"), r.get("seq"), r.get("d")) == (16, 16384, 64)]
+    rows = [r for r in rows if r.get("status") == "ok" and (r.get("Z"), r.get("seq"), r.get("d")) == (Z, seq, d)]
     if not rows:
         return False
     run = max(r["run"] for r in rows)
@@ -120,6 +120,7 @@ ADD_BLOCK = ('        if DQ_TMA:\n'
 HANDOFF = ("        mbarrier.wait(ds_empty.index(W * SLOTS + t), ((i // SLOTS) & 1) ^ 1)\n"
            "        ds_s.index(W * SLOTS + t).store(dsT)\n")
 DQ_LOOP = "    for i in range(n_iter):\n        t = i % SLOTS\n        dq = zero_q"
+BENCH = "attention/onepass_ws"
 IMPL = "gluon one-pass ws, dQ warpgroup"  # rows before it: "gluon one-pass ws" (staged shares)
 NEVER = "        if n_q < 0:  # ablation: never true, not known at compile time\n"
 VERSIONS = {"math_only": "math warpgroups only (dS^T computed, not handed over; no dQ)",
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                        reduce_regs=opts["dq_regs"])
             impl = IMPL + (", TMA adds" if opts["dq_tma"] else "")
             cells[(("impl", impl), ("version", version), *row.items())] = (fn, err)
-        store = ResultStore("attention/onepass_ws", key=["run", "round", "impl", "version", *stored],
+        store = ResultStore(BENCH, key=["run", "round", "impl", "version", *stored],
                             root=args.results_dir)
         time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
                                                                   "dtype": "bf16"})

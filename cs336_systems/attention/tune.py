@@ -33,9 +33,8 @@ import torch
 
 from ..bench.store import ResultStore
 from .configs import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd, table_key
+from .onepass_ws import BENCH as WS_BENCH
 from .onepass_ws import ws_beats_two_pass
-
-WS_BENCH = "attention/onepass_ws"
 
 BENCH = "attention/flash_tune"
 TABLE_PATH = Path(__file__).with_name("tuned_configs.py")
@@ -318,8 +317,8 @@ def choose(rows: list[dict], ws_rows: list[dict] = ()) -> dict[str, dict[str, di
                 if (key, kind) in best and best[(key, kind)][0] < t:
                     t, bwd = best[(key, kind)]
             table["bwd"][key] = bwd
-    lb_key = tune_shapes("leaderboard")[0][0]
-    if lb_key in table["bwd"] and ws_beats_two_pass(list(ws_rows)):
+    lb_key, Z, N, d = tune_shapes("leaderboard")[0][:4]
+    if lb_key in table["bwd"] and ws_beats_two_pass(list(ws_rows), Z, N, d):
         table["bwd"][lb_key] = {**table["bwd"][lb_key], "gluon_ws": True}  # measured at that key's shape only
     return table
 
@@ -330,10 +329,15 @@ def write_table(rows: list[dict], source: str) -> Path:
     ws_rows = ws.rows() if ws.path.exists() else []
     table = choose(rows, ws_rows)
     gits = sorted({r.get("git", "?") for r in rows if r.get("status") == "ok"})
+    ws_line = ""
+    if any(b.get("gluon_ws") for b in table["bwd"].values()):
+        ws_gits = sorted({r.get("git", "?") for r in ws_rows})
+        ws_line = (f"gluon_ws: from {Path(WS_BENCH) / ws.path.name}, newest run {max(r['run'] for r in ws_rows)} "
+                   f"(code at git {', '.join(ws_gits)}).\n")
     TABLE_PATH.write_text(
         '"""Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with\n'
         "`python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).\n\n"
-        f"Source: {source} (code at git {', '.join(gits)}).\n"
+        f"Source: {source} (code at git {', '.join(gits)}).\n{ws_line}"
         '"""\n\n'
         f"TUNED = {pprint.pformat(table, width=110, sort_dicts=True)}\n")
     return TABLE_PATH
