@@ -48,44 +48,18 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, do_s, ds_s,
-          kv_bars, ld_bars, ds_full, ds_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
-          D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
-          CAUSAL: gl.constexpr, W: gl.constexpr):
-    """Warpgroup W of the program: its 64 keys, over the query tiles lo, lo + BM, ... (n_iter of them).
-    Its buffers: index W of k_all, v_all, kv_bars; stages W*STAGES.. of the Q/dO ring and its
-    barriers; slots W*SLOTS.. of the dS^T ring and its barriers."""
-    key0 = tile * BN + W * 64
-    k_s = k_all.index(W)
-    v_s = v_all.index(W)
-    kv_bar = kv_bars.index(W)
+def _math_tiles(i0, i1, dk, dv, L2, Di, offs_m, offs_n, q_desc, do_desc, L_row, D_row, k_s, v_s, q_s, do_s, ds_s,
+                ld_bars, ds_full, ds_empty, row_q, n_iter, n_q, qk_scale,
+                D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
+                MASKED: gl.constexpr):
+    """Query tiles i0 .. i1 - 1 of warpgroup W (see `_math`); MASKED tiles apply the causal mask.
+    Returns the carried state: dK, dV (64, D) fp32, the next tile's L (base 2), D and query offsets."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    o_l: gl.constexpr = dk.type.layout
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     dtype: gl.constexpr = q_desc.dtype
-    row_q = bh * n_q + lo  # first query row of the loop in the 2-D (Z*H*n, d) view
-    # K, V once; the first STAGES query tiles
-    mbarrier.expect(kv_bar, 2 * 64 * D * 2)
-    tma.async_copy_global_to_shared(k_desc, [bh * n_k + key0, 0], kv_bar, k_s)
-    tma.async_copy_global_to_shared(v_desc, [bh * n_k + key0, 0], kv_bar, v_s)
-    for j in gl.static_range(STAGES):
-        first = j < n_iter
-        mbarrier.expect(ld_bars.index(W * STAGES + j), 2 * BM * D * 2, pred=first)
-        tma.async_copy_global_to_shared(q_desc, [row_q + j * BM, 0], ld_bars.index(W * STAGES + j), q_s.index(W * STAGES + j), pred=first)
-        tma.async_copy_global_to_shared(do_desc, [row_q + j * BM, 0], ld_bars.index(W * STAGES + j), do_s.index(W * STAGES + j), pred=first)
-    offs_n = key0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_l))
-    dk = gl.zeros([64, D], gl.float32, o_l)
-    dv = gl.zeros([64, D], gl.float32, o_l)
     zero_s = gl.zeros([64, BM], gl.float32, s_l)
-    L_row = L + bh.to(gl.int64) * n_q
-    D_row = Delta + bh.to(gl.int64) * n_q
-    # L and D of the first query tile; each iteration then loads the next tile's, so their global
-    # latency hides behind a tile of math instead of stalling the exponentials
-    offs_m = lo + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
-    L2 = gl.load(L_row + offs_m) * LOG2E
-    Di = gl.load(D_row + offs_m)
-    mbarrier.wait(kv_bar, 0)
-    for i in range(n_iter):
+    for i in range(i0, i1):
         s = i % STAGES
         mbarrier.wait(ld_bars.index(W * STAGES + s), (i // STAGES) & 1)
         q = q_s.index(W * STAGES + s)
@@ -94,7 +68,7 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, 
         dpT = hopper.warpgroup_mma(v_s, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         sT = hopper.warpgroup_mma_wait(1, deps=[sT])
         pT = gl.exp2(sT * qk_scale - L2[None, :])
-        if CAUSAL:
+        if MASKED:
             pT = gl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
         dpT = hopper.warpgroup_mma_wait(1, deps=[dpT])
@@ -117,6 +91,56 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, 
         mbarrier.expect(ld_bars.index(W * STAGES + s), 2 * BM * D * 2, pred=pred)
         tma.async_copy_global_to_shared(q_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), q_s.index(W * STAGES + s), pred=pred)
         tma.async_copy_global_to_shared(do_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), do_s.index(W * STAGES + s), pred=pred)
+    return dk, dv, L2, Di, offs_m
+
+
+@gluon.jit
+def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, do_s, ds_s,
+          kv_bars, ld_bars, ds_full, ds_empty, bh, tile, lo, n_iter, n_q, n_k, qk_scale, sm_scale,
+          D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
+          CAUSAL: gl.constexpr, W: gl.constexpr):
+    """Warpgroup W of the program: its 64 keys, over the query tiles lo, lo + BM, ... (n_iter of them).
+    Its buffers: index W of k_all, v_all, kv_bars; stages W*STAGES.. of the Q/dO ring and its
+    barriers; slots W*SLOTS.. of the dS^T ring and its barriers."""
+    key0 = tile * BN + W * 64
+    k_s = k_all.index(W)
+    v_s = v_all.index(W)
+    kv_bar = kv_bars.index(W)
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    dtype: gl.constexpr = q_desc.dtype
+    row_q = bh * n_q + lo  # first query row of the loop in the 2-D (Z*H*n, d) view
+    # K, V once; the first STAGES query tiles
+    mbarrier.expect(kv_bar, 2 * 64 * D * 2)
+    tma.async_copy_global_to_shared(k_desc, [bh * n_k + key0, 0], kv_bar, k_s)
+    tma.async_copy_global_to_shared(v_desc, [bh * n_k + key0, 0], kv_bar, v_s)
+    for j in gl.static_range(STAGES):
+        first = j < n_iter
+        mbarrier.expect(ld_bars.index(W * STAGES + j), 2 * BM * D * 2, pred=first)
+        tma.async_copy_global_to_shared(q_desc, [row_q + j * BM, 0], ld_bars.index(W * STAGES + j), q_s.index(W * STAGES + j), pred=first)
+        tma.async_copy_global_to_shared(do_desc, [row_q + j * BM, 0], ld_bars.index(W * STAGES + j), do_s.index(W * STAGES + j), pred=first)
+    offs_n = key0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_l))
+    dk = gl.zeros([64, D], gl.float32, o_l)
+    dv = gl.zeros([64, D], gl.float32, o_l)
+    L_row = L + bh.to(gl.int64) * n_q
+    D_row = Delta + bh.to(gl.int64) * n_q
+    # L and D of the first query tile; each tile then loads the next tile's, so their global
+    # latency hides behind a tile of math instead of stalling the exponentials
+    offs_m = lo + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
+    L2 = gl.load(L_row + offs_m) * LOG2E
+    Di = gl.load(D_row + offs_m)
+    # Under the causal mask only the first tiles cross this warpgroup's diagonal (queries below
+    # key0 + 64): they alone pay for the mask's comparisons, in a loop of their own
+    n_diag = 0
+    if CAUSAL:
+        n_diag = gl.minimum((key0 + 64 - lo + BM - 1) // BM, n_iter)
+    mbarrier.wait(kv_bar, 0)
+    dk, dv, L2, Di, offs_m = _math_tiles(0, n_diag, dk, dv, L2, Di, offs_m, offs_n, q_desc, do_desc, L_row, D_row,
+                                         k_s, v_s, q_s, do_s, ds_s, ld_bars, ds_full, ds_empty, row_q, n_iter,
+                                         n_q, qk_scale, D, BM, STAGES, SLOTS, W, True)
+    dk, dv, L2, Di, offs_m = _math_tiles(n_diag, n_iter, dk, dv, L2, Di, offs_m, offs_n, q_desc, do_desc, L_row,
+                                         D_row, k_s, v_s, q_s, do_s, ds_s, ld_bars, ds_full, ds_empty, row_q,
+                                         n_iter, n_q, qk_scale, D, BM, STAGES, SLOTS, W, False)
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
     rows = key0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
     out = (bh.to(gl.int64) * n_k + rows)[:, None] * D + offs_d[None, :]
