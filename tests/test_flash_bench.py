@@ -87,28 +87,26 @@ def test_table_takes_a_key_from_its_own_shape():
     assert tune.choose(rows[:2] + [row(own, 0.1, "2", Z, N)])["fwd"][key] == own
 
 
-def test_table_takes_the_gluon_backward_only_where_its_newest_run_beat_the_two_pass():
-    from cs336_systems.attention.onepass_ws import IMPL
+def test_table_adds_the_gluon_backward_where_the_tuner_timed_it_fastest():
+    from dataclasses import asdict
 
-    key, Z, N = tune.tune_shapes("leaderboard")[0][:3]
     dkdv = {"block_m1": 64, "block_n1": 64, "num_warps1": 4, "num_stages1": 3,
             "block_m2": 64, "block_n2": 32, "num_warps2": 4, "num_stages2": 2, "fused": False}
-    rows = [{"key": k, "kernel": kind, "config": dkdv, "ms": 1.0, "run": "1", "status": "ok", "Z": z, "seq": n}
-            for k, z, n in ((key, Z, N), ("other", 1, 64)) for kind in ("dkdv", "dq")]
 
-    def ws(run, impl, ms, stages=2, slots=2, regs=96, version="full"):
-        return {"run": run, "impl": impl, "ms": ms, "version": version, "stages": stages, "slots": slots,
-                "reduce_regs": regs, "Z": 16, "seq": 16384, "d": 64, "status": "ok"}
-    two = "triton two-pass (tuned)"
-    wins = [ws("a", two, 3.6), ws("a", IMPL + ", TMA adds", 3.3)]
-    table = tune.choose(rows, wins)
-    assert table["bwd"][key]["gluon_ws"] is True and "gluon_ws" not in table["bwd"]["other"]
-    assert "gluon_ws" not in tune.choose(rows)["bwd"][key]  # no runs: no change
-    # the newest run decides; other settings, ablations and the atomics version do not count
-    assert "gluon_ws" not in tune.choose(rows, wins + [ws("b", two, 3.6), ws("b", IMPL + ", TMA adds", 3.7)])["bwd"][key]
-    for other in (ws("a", IMPL + ", TMA adds", 3.3, slots=3), ws("a", IMPL + ", TMA adds", 3.0, version="no_add"),
-                  ws("a", IMPL, 3.0)):
-        assert "gluon_ws" not in tune.choose(rows, [ws("a", two, 3.6), other])["bwd"][key]
+    def row(kernel, config, ms, run="1"):
+        return {"key": "k", "kernel": kernel, "config": config, "ms": ms, "run": run, "status": "ok"}
+    ws = asdict(tune.ws_from((3, 2, 88), torch.bfloat16, 64))
+    rows = [row("dkdv", dkdv, 2.0), row("dq", dkdv, 1.0)]
+    assert "gluon_ws" not in tune.choose(rows)["bwd"]["k"]
+    won = tune.choose(rows + [row("ws", ws, 2.9)])["bwd"]["k"]
+    # the Gluon settings, and the Triton fields of the best Triton backward (for inputs it does not take)
+    assert won == {**dkdv, "gluon_ws": True, "ws_stages": 3, "ws_slots": 2, "ws_dq_regs": 88}
+    assert configs.BwdConfig(**won).gluon_ws
+    assert "gluon_ws" not in tune.choose(rows + [row("ws", ws, 3.1)])["bwd"]["k"]
+    # a later run that re-timed only the Gluon kernel decides for it; the others keep their run
+    later = tune.choose(rows + [row("ws", ws, 2.9), row("ws", ws, 3.2, run="2")])["bwd"]["k"]
+    assert later == dkdv
+    assert tune.ws_candidates(torch.float32, 64, True) == [] and tune.ws_candidates(torch.bfloat16, 128, True) == []
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")

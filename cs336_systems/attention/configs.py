@@ -48,10 +48,14 @@ class BwdConfig:
     # d), per pass; inputs that do not qualify fall back to pointer loads.
     tma1: bool = False
     tma2: bool = False
-    # The warp-specialised one-pass backward in Gluon (flash_bwd_ws_kernel, at onepass_ws's measured
-    # settings) where it applies (Hopper, Triton 3.6, bf16/fp16, d = 64, n_k a multiple of 128);
-    # elsewhere the fields above decide. Set by `write-table` from onepass_ws's runs, not by `tune`.
+    # The warp-specialised one-pass backward in Gluon (flash_bwd_ws_kernel) where it applies (Hopper,
+    # Triton 3.6, bf16/fp16, d = 64, n_k a multiple of 128); elsewhere the fields above decide.
+    # Its settings: depth of each math warpgroup's Q/dO ring, slots of its dS^T hand-over ring, and
+    # registers per thread of the dQ warpgroup (the rest go to the math warpgroups).
     gluon_ws: bool = False
+    ws_stages: int = 2
+    ws_slots: int = 2
+    ws_dq_regs: int = 80
 # --8<-- [end:configs]
 
     def __post_init__(self):

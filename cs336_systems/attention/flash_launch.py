@@ -191,7 +191,7 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
         from .onepass_ws import launch_bwd_onepass_ws, ws_supported
 
         if ws_supported(q, k, v, do, is_causal) is None:
-            return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal)
+            return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, c.ws_stages, c.ws_slots, c.ws_dq_regs)
     if c.one_pass:
         return launch_bwd_onepass(q, k, v, do, L, delta, is_causal, c)
     if c.fused:

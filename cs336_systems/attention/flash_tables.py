@@ -122,14 +122,23 @@ def _tiles(kernel: str, c: dict) -> str:
         return f"{c['block_m2']} queries x {c['block_n2']} keys, {c['num_warps2']} w, {c['num_stages2']} st"
     if kernel == "onepass":
         return f"{c['block_n1']} keys x {c['block_m1']} queries, {c['num_warps1']} w, {c['num_stages1']} st"
+    if kernel == "ws":
+        return f"{c['ws_stages']} stages, {c['ws_slots']} dS slots, {c['ws_dq_regs']} dQ regs"
     return (f"dK/dV {c['block_n1']}x{c['block_m1']}, dQ {c['block_m2']}x{c['block_n2']}, "
             f"{c['num_warps1']} w, {c['num_stages1']} st")
 
 
+def _triton_tuning(status: str | None = "ok") -> pd.DataFrame:
+    """The tuner's rows of the Triton kernels (the Gluon backward's, kernel "ws", have their own
+    table in the Gluon section: `ws_tuning_table`)."""
+    tune = load_results("attention/flash_tune", status=status)
+    return tune[tune.kernel != "ws"] if "kernel" in tune else tune
+
+
 def _tuning_rows() -> pd.DataFrame:
-    """The tuner's first timing of each candidate (its confirmation rounds, which re-time the
-    fastest few, are left out so that each candidate counts once)."""
-    tune = load_results("attention/flash_tune", status="ok")
+    """The tuner's first timing of each Triton candidate (its confirmation rounds, which re-time
+    the fastest few, are left out so that each candidate counts once)."""
+    tune = _triton_tuning()
     return tune[tune.phase != "confirm"] if "phase" in tune else tune
 
 
@@ -140,9 +149,10 @@ def _at_leaderboard_shape(tune: pd.DataFrame) -> pd.DataFrame:
 
 
 def _leaderboard_tuning() -> pd.DataFrame:
-    """The latest tuning run's rows at the leaderboard shape."""
+    """Each kernel's rows from its latest tuning run at the leaderboard shape (as `tune.choose`
+    reads them: a run may re-time some kernels only)."""
     lb = _at_leaderboard_shape(_tuning_rows())
-    return lb[lb.run == lb.run.max()]
+    return lb[lb.run == lb.groupby("kernel").run.transform("max")]
 
 
 def tuning_effect_rows() -> list[dict]:
@@ -205,7 +215,7 @@ def confirm_medians() -> dict:
     """Leaderboard shape, the latest tuning run with confirmation rounds (the fastest four candidates
     of each kernel re-timed in three interleaved rounds): per design, the best candidate's median,
     as `tune.choose` ranks them; "two launches" is the best dK/dV plus the best dQ pass."""
-    tune = load_results("attention/flash_tune", status="ok")
+    tune = _triton_tuning()
     conf = _at_leaderboard_shape(tune[tune.phase == "confirm"]) if "phase" in tune else tune.iloc[:0]
     if conf.empty:
         return {}
@@ -238,8 +248,8 @@ def describe_bwd(b: dict | None) -> str:
     if not b:
         return "—"
     if b.get("gluon_ws"):  # the rest of the entry is what unsupported inputs run
-        return "Gluon one-pass (warp-specialised, dQ by TMA bulk reductions) where it applies; else " + describe_bwd(
-            {k: v for k, v in b.items() if k != "gluon_ws"})
+        return (f"Gluon one-pass (warp-specialised, dQ by TMA bulk reductions; {_tile('ws', b)}) where it "
+                "applies; else " + describe_bwd({k: v for k, v in b.items() if k != "gluon_ws"}))
     if b.get("fused"):
         return "one launch: " + _tile("fused", b)
     if b.get("one_pass"):
@@ -266,6 +276,34 @@ def one_pass_keys() -> list[str]:
     return sorted(k for k, b in TUNED["bwd"].items() if b.get("one_pass"))
 
 
+# -- the tuner's Gluon candidates ------------------------------------------------------------------
+
+def ws_tuning_rows() -> pd.DataFrame:
+    """The newest tuning run of the Gluon backward (kernel "ws") at the leaderboard shape: one row per
+    candidate, its first timing and (the fastest few) the median of its confirmation rounds."""
+    tune = load_results("attention/flash_tune", status="ok")
+    ws = _at_leaderboard_shape(tune[tune.kernel == "ws"]) if "kernel" in tune else tune.iloc[:0]
+    if ws.empty:
+        return ws
+    ws = ws[ws.run == ws.run.max()].assign(setting=lambda d: d.config.map(lambda c: _tile("ws", c)))
+    conf = ws.phase == "confirm" if "phase" in ws else pd.Series(False, index=ws.index)
+    first = ws[~conf].groupby("setting", as_index=False).agg(run=("run", "first"), git=("git", "first"),
+                                                               first_ms=("ms", "first"))
+    medians = ws[conf].groupby("setting").ms.median().rename("confirmed_ms")
+    return first.join(medians, on="setting").sort_values(["confirmed_ms", "first_ms"])
+
+
+def ws_tuning_table() -> str:
+    df = ws_tuning_rows()
+    if df.empty:
+        return "*No tuning run has timed the Gluon backward at the leaderboard shape yet.*"
+    shown = df.rename(columns={"setting": "setting (stages, slots, dQ registers)", "first_ms": "first ms",
+                               "confirmed_ms": "median of 3 rounds, ms"})
+    return (markdown_table(shown.astype(object).where(shown.notna(), "—"),
+                           formats={"first ms": ".3f", "median of 3 rounds, ms": ".3f"})
+            + "\n\n" + provenance_line(load_results("attention/flash_tune"), _src("attention/flash_tune")))
+
+
 # -- the sweep cells that share the leaderboard's table entry ---------------------------------
 
 def _leaderboard_key_cells(previous: bool) -> pd.DataFrame:
@@ -290,7 +328,7 @@ def sweep_stale_leaderboard_entry(previous: bool = False) -> dict | None:
     from .tuned_configs import TUNED
 
     cells = _leaderboard_key_cells(previous)
-    tune = load_results("attention/flash_tune", status="ok")
+    tune = _triton_tuning()
     tune = tune[tune.key == LB_KEY]
     if cells.empty or tune.empty:
         return None

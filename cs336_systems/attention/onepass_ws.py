@@ -1,7 +1,8 @@
 """Launch, check and time the warp-specialised one-pass backward (`flash_bwd_ws_kernel`, Gluon).
 
-An experiment, measured but not wired into `launch_bwd` or the tuner: at the leaderboard shape it
-is correct and slower than the tuned two-pass Triton backward (the chapter's "What is left").
+`launch_bwd` runs the kernel where a table entry says `gluon_ws` (the tuner times it as kernel
+"ws" beside the Triton backwards and picks its settings); this module is its launcher and its
+laboratory: ablations and variants timed round-robin against the tuned two-pass backward.
 
     python -m cs336_systems.attention.onepass_ws                       # check, then time variants
     python -m cs336_systems.attention.onepass_ws --versions math_only no_add full
@@ -56,7 +57,7 @@ def register_split(block_n: int, dq_regs: int) -> tuple[int, int]:
 
 
 def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
-                          dq_regs: int = 96, block_n: int = 128, dq_tma: bool = True, red_bufs: int = 2,
+                          dq_regs: int = 80, block_n: int = 128, dq_tma: bool = True, red_bufs: int = 2,
                           kernel=None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32.
     block_n keys per program (128), one math warpgroup per 64 of them; one more warpgroup
@@ -91,22 +92,6 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     return dq.to(q.dtype), dk, dv
 
 
-def ws_beats_two_pass(rows: list[dict], Z: int, seq: int, d: int) -> bool:
-    """Whether, in the newest `onepass_ws` run at this shape, the kernel as `launch_bwd` runs
-    it (the launcher's defaults: 2 stages, 2 slots, 96 registers, TMA adds; version full) was faster
-    than the tuned two-pass backward timed beside it (medians over the run's rounds)."""
-    import statistics
-
-    rows = [r for r in rows if r.get("status") == "ok" and (r.get("Z"), r.get("seq"), r.get("d")) == (Z, seq, d)]
-    if not rows:
-        return False
-    run = max(r["run"] for r in rows)
-    mine = [r["ms"] for r in rows if r["run"] == run and r["impl"] == IMPL + ", TMA adds" and r["version"] == "full"
-            and (r["stages"], r["slots"], r["reduce_regs"]) == (2, 2, 96)]
-    two = [r["ms"] for r in rows if r["run"] == run and r["impl"].startswith("triton")]
-    return bool(mine and two) and statistics.median(mine) < statistics.median(two)
-
-
 # ablations, made by editing the kernel's source (as ab_onepass does for the Triton one-pass kernel)
 ADD_BLOCK = ('        if DQ_TMA:\n'
             '            tma.store_wait(RB - 1)  # the bulk reduction issued from buffer i % RB, RB tiles ago, has read it\n'
@@ -123,14 +108,16 @@ DQ_LOOP = "    for i in range(n_iter):\n        t = i % SLOTS\n        dq = zero
 BENCH = "attention/onepass_ws"
 IMPL = "gluon one-pass ws, dQ warpgroup"  # rows before it: "gluon one-pass ws" (staged shares)
 NEVER = "        if n_q < 0:  # ablation: never true, not known at compile time\n"
+DIAG = "        n_diag = gl.minimum((key0 + 64 - lo + BM - 1) // BM, n_iter)\n"
 VERSIONS = {"math_only": "math warpgroups only (dS^T computed, not handed over; no dQ)",
             "no_add": "+ dS^T handed over, dQ's matmul (not added)",
-            "full": "+ the adds (the kernel as committed)"}
+            "full": "+ the adds (the kernel as committed)",
+            "mask_every_tile": "the kernel as committed, but the causal mask on every tile"}
 
 
 def variant_source(name: str, source: str) -> str:
     """The kernel file's text for one ablation (raises if the lines it edits are not there once)."""
-    for marker in (ADD_BLOCK, HANDOFF, DQ_LOOP):
+    for marker in (ADD_BLOCK, HANDOFF, DQ_LOOP, DIAG):
         if source.count(marker) != 1:
             raise ValueError(f"onepass_ws: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
     guard = lambda block: NEVER + "".join("    " + line + "\n" for line in block.splitlines())  # noqa: E731
@@ -138,6 +125,8 @@ def variant_source(name: str, source: str) -> str:
         return source
     if name == "no_add":
         return source.replace(ADD_BLOCK, guard(ADD_BLOCK))
+    if name == "mask_every_tile":  # the masked loop runs every tile, the unmasked one none
+        return source.replace(DIAG, "        n_diag = n_iter\n")
     if name == "math_only":
         return source.replace(HANDOFF, guard(HANDOFF)).replace(DQ_LOOP, DQ_LOOP.replace("n_iter", "n_iter * 0", 1))
     raise ValueError(f"onepass_ws: unknown version {name!r}; choose from {list(VERSIONS)}")
@@ -155,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from .tune import _prepare, _rel_err
 
     ap = argparse.ArgumentParser(prog="onepass_ws", description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", nargs="+", default=["128,2,2,64,0", "128,2,2,96,0", "128,2,2,96,1", "128,2,3,96,1"],
+    ap.add_argument("--variants", nargs="+", default=["128,2,2,96,0", "128,2,2,80,1", "128,2,2,96,1"],
                     metavar="BLOCK_N,STAGES,SLOTS,DQ_REGS,DQ_TMA", help="DQ_TMA 1: the adds by TMA bulk reductions")
     ap.add_argument("--versions", nargs="+", default=["full"], choices=list(VERSIONS),
                     help="ablations of the kernel (each timed at every variant)")

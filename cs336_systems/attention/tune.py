@@ -4,14 +4,14 @@
     python -m cs336_systems.attention.configs write-table
 
 For each table key (dtype, padded head dim, causal, size class) at a representative shape, every
-candidate of each kernel (forward, dK/dV pass, dQ pass, one-pass backward, then fused launches of
-the best dK/dV and dQ pairs) is compiled (in parallel worker processes, which fill Triton's on-disk cache), checked against the
+candidate of each kernel (forward, dK/dV pass, dQ pass, one-pass backward, the Gluon one-pass
+backward where it applies, then fused launches of the best dK/dV and dQ pairs) is compiled (in parallel worker processes, which fill Triton's on-disk cache), checked against the
 heuristic configuration's output (the backward ones against the two-pass backward), and timed
 with do_bench (median). A single short timing can be moved a few percent by when it ran (the
 GPU's clock follows its power and temperature), so the fastest few of each kernel are then timed
 again in interleaved rounds and ranked by their median (`confirm`). Rows go to
-results/attention/flash_tune/<device>.jsonl; `write-table` turns the latest run of each key into
-`tuned_configs.py`, the table the kernels use.
+results/attention/flash_tune/<device>.jsonl; `write-table` turns the latest run of each (key,
+kernel) into `tuned_configs.py`, the table the kernels use (`--kinds` re-times some kernels only).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import torch
 
 from ..bench.store import ResultStore
 from .configs import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd, table_key
-from .onepass_ws import BENCH as WS_BENCH
-from .onepass_ws import ws_beats_two_pass
 
 BENCH = "attention/flash_tune"
 TABLE_PATH = Path(__file__).with_name("tuned_configs.py")
@@ -42,6 +40,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CONFIRM_TOP, CONFIRM_ROUNDS = 4, 3  # re-timed candidates per kernel, interleaved rounds
 TMA = (False, True)  # tile loads by pointers, or by tensor descriptors (flash_launch.tma_ok decides if usable)
 DEVICE = "cuda"  # a dry run of the whole flow on the CPU interpreter sets "cpu" (tests do)
+KINDS = ("fwd", "dkdv", "dq", "onepass", "ws", "fused")
 
 
 # --8<-- [start:candidates]
@@ -81,6 +80,15 @@ def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int
     if wide:
         return list(itertools.product((32, 64, 128), (64, 128), (4, 8), (2, 3, 4, 5)))
     return dkdv_candidates(dtype, d, wide)
+
+
+def ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
+    """(stages, slots, dQ registers) of the Gluon one-pass backward, written for 16-bit inputs with
+    d = 64 (`onepass_ws.ws_supported`); none elsewhere. The dQ warpgroup's registers trade against
+    the math warpgroups' (at 96 and more the math spills a few values; at 64 the dQ warpgroup does)."""
+    if dtype == torch.float32 or d != 64:
+        return []
+    return list(itertools.product((2, 3), (2, 3), (72, 80, 88, 96)))
 # --8<-- [end:candidates]
 
 
@@ -88,6 +96,13 @@ def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False, tma1: bool = False, tm
     m1, n1, w1, s1 = dkdv
     m2, n2, w2, s2 = dq
     return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused, tma1=tma1, tma2=tma2)
+
+
+def ws_from(c: tuple, dtype: torch.dtype, d: int) -> BwdConfig:
+    """A Gluon candidate; its Triton fields (the heuristic's) are unused: the table keeps the best
+    Triton backward's for the inputs the Gluon kernel does not take."""
+    stages, slots, regs = c
+    return replace(heuristic_bwd(dtype, d), gluon_ws=True, ws_stages=stages, ws_slots=slots, ws_dq_regs=regs)
 
 
 def onepass_from(c: tuple, tma: bool = False) -> BwdConfig:
@@ -130,6 +145,7 @@ def _prepare(Z, N, d, dtype):
 
 def _runner(kind: str, config, state):
     from .flash_launch import launch_bwd_fused, launch_bwd_onepass, launch_dkdv, launch_dq, launch_fwd
+    from .onepass_ws import launch_bwd_onepass_ws
 
     q, k, v, do, o, L, delta = state
     if kind == "fwd":
@@ -140,6 +156,9 @@ def _runner(kind: str, config, state):
         return lambda: launch_dq(q, k, v, do, L, delta, True, config)
     if kind == "onepass":  # dQ, dK, dV (with the zeroing and the cast of the fp32 dQ buffer)
         return lambda: launch_bwd_onepass(q, k, v, do, L, delta, True, config)
+    if kind == "ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
+        return lambda: launch_bwd_onepass_ws(q, k, v, do, L, delta, True, config.ws_stages, config.ws_slots,
+                                             config.ws_dq_regs)
     return lambda: launch_bwd_fused(q, k, v, do, L, delta, True, config)
 
 
@@ -178,7 +197,7 @@ def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: i
     dtype = DTYPES[dt]
     state = _prepare(Z, N, d, dtype)
     base = heuristic_fwd(dtype, d) if kind == "fwd" else heuristic_bwd(dtype, d)
-    if kind == "onepass":  # checked against the two-pass (dQ, dK, dV), not against itself
+    if kind in ("onepass", "ws"):  # checked against the two-pass (dQ, dK, dV), not against itself
         want = (_runner("dq", base, state)(), *_runner("dkdv", base, state)())
     else:
         want = _runner(kind, base, state)()
@@ -227,19 +246,22 @@ def confirm(store: ResultStore, run: str, key: str, Z: int, N: int, d: int, dt: 
     return confirmed + ranked[CONFIRM_TOP:]
 
 
-def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, write: bool = False) -> None:
-    """Tune every shape. With `write`, the table is regenerated after each key, so a run cut short
-    still leaves a table of what it measured."""
+def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, write: bool = False,
+         kinds: tuple[str, ...] = KINDS) -> None:
+    """Tune every shape (only the kernels in `kinds`). With `write`, the table is regenerated after
+    each key, so a run cut short still leaves a table of what it measured."""
     run = time.strftime("%Y%m%dT%H%M%S")
     plans = []
     for key, Z, N, d, dt, wide in shapes:
         dtype = DTYPES[dt]
-        plans.append((key, Z, N, d, dt, wide, {
+        cands = {
             "fwd": [replace(c, tma=t) for c in fwd_candidates(dtype, d, wide) for t in TMA],
             # each tiling with pointer loads and with TMA descriptors (Hopper)
             "dkdv": [bwd_from(c, (64, 32, 4, 2), tma1=t) for c in dkdv_candidates(dtype, d, wide) for t in TMA],
             "dq": [bwd_from((32, 64, 4, 2), c, tma2=t) for c in dq_candidates(dtype, d, wide) for t in TMA],
-            "onepass": [onepass_from(c, t) for c in onepass_candidates(dtype, d, wide) for t in TMA]}))
+            "onepass": [onepass_from(c, t) for c in onepass_candidates(dtype, d, wide) for t in TMA],
+            "ws": [ws_from(c, dtype, d) for c in ws_candidates(dtype, d, wide)]}
+        plans.append((key, Z, N, d, dt, wide, {kind: cs for kind, cs in cands.items() if kind in kinds and cs}))
     jobs = [(kind, c, Z, N, d, dt) for _, Z, N, d, dt, _, cands in plans for kind, cs in cands.items() for c in cs]
     started = time.perf_counter()
     errors = precompile(pool, jobs)
@@ -253,7 +275,7 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
               file=sys.stderr, flush=True)
         if write:
             write_table(store.rows(), str(Path(BENCH) / store.path.name))
-        if best["dkdv"] and best["dq"]:
+        if "fused" in kinds and best.get("dkdv") and best.get("dq"):
             # One launch takes the larger shared memory and register count of its two programs, so
             # besides the two fastest dQ tiles try the fastest small one (lets more programs share an SM).
             dq_pool = [b for _, b in best["dq"][:2]]
@@ -273,27 +295,28 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
 
 # -- from measurements to the table ---------------------------------------------------------------
 
-def choose(rows: list[dict], ws_rows: list[dict] = ()) -> dict[str, dict[str, dict]]:
+def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
     """The table: per key, the fastest forward; for backward the fastest of (best dK/dV + best dQ),
-    the best fused launch and the best one-pass backward. Only each key's latest tuning run counts;
-    where it has confirmation rounds for a kernel, their medians decide (single timings otherwise).
-    Where a key has rows at its own shape (`tune_shapes`), rows at other shapes do not count.
-    The leaderboard's key takes the Gluon one-pass backward (`gluon_ws`) where `ws_rows` (onepass_ws's
-    runs, timed beside the tuned two-pass) say it wins (`onepass_ws.ws_beats_two_pass`)."""
+    the best fused launch and the best one-pass backward, with the Gluon backward's settings and
+    `gluon_ws` added where its best beat all of those (the Triton fields stay: they run the inputs
+    the Gluon kernel does not take). Only each (key, kernel)'s latest tuning run counts; where it
+    has confirmation rounds, their medians decide (single timings otherwise). Where a key has rows
+    at its own shape (`tune_shapes`), rows at other shapes do not count."""
     shape_of = {key: (Z, N) for key, Z, N, *_ in tune_shapes(None)}
     at_own = lambda r: (r.get("Z"), r.get("seq")) == shape_of.get(r.get("key"))  # noqa: E731
     own_keys = {r["key"] for r in rows if at_own(r)}
     rows = [r for r in rows if r.get("key") not in own_keys or at_own(r)]
-    latest: dict[str, str] = {}
+    latest: dict[tuple[str, str], str] = {}  # (key, kernel) -> its newest run with a timing
     for r in rows:
         if r.get("status") == "ok":
-            latest[r["key"]] = max(latest.get(r["key"], ""), r["run"])
+            slot = (r["key"], r["kernel"])
+            latest[slot] = max(latest.get(slot, ""), r["run"])
     timings: dict[tuple[str, str], dict[str, list]] = {}  # slot -> config (JSON) -> [times]
     confirmed: set[tuple[str, str]] = set()
     for r in rows:
-        if r.get("status") != "ok" or r["run"] != latest[r["key"]]:
+        slot = (r.get("key"), r.get("kernel"))
+        if r.get("status") != "ok" or r["run"] != latest[slot]:
             continue
-        slot = (r["key"], r["kernel"])
         if r.get("phase") == "confirm":
             if slot not in confirmed:  # the first confirmation row replaces the single timings
                 confirmed.add(slot)
@@ -306,7 +329,7 @@ def choose(rows: list[dict], ws_rows: list[dict] = ()) -> dict[str, dict[str, di
         ms, config = min((statistics.median(ts), c) for c, ts in per_config.items())
         best[slot] = (ms, json.loads(config))
     table: dict[str, dict[str, dict]] = {"fwd": {}, "bwd": {}}
-    for key in sorted(latest):
+    for key in sorted({k for k, _ in latest}):
         if (key, "fwd") in best:
             table["fwd"][key] = best[(key, "fwd")][1]
         if (key, "dkdv") in best and (key, "dq") in best:
@@ -316,28 +339,21 @@ def choose(rows: list[dict], ws_rows: list[dict] = ()) -> dict[str, dict[str, di
             for kind in ("fused", "onepass"):
                 if (key, kind) in best and best[(key, kind)][0] < t:
                     t, bwd = best[(key, kind)]
+            bwd = {k: v for k, v in bwd.items() if k != "gluon_ws" and not k.startswith("ws_")}
+            if (key, "ws") in best and best[(key, "ws")][0] < t:
+                ws = best[(key, "ws")][1]
+                bwd |= {k: v for k, v in ws.items() if k.startswith("ws_")} | {"gluon_ws": True}
             table["bwd"][key] = bwd
-    lb_key, Z, N, d = tune_shapes("leaderboard")[0][:4]
-    if lb_key in table["bwd"] and ws_beats_two_pass(list(ws_rows), Z, N, d):
-        table["bwd"][lb_key] = {**table["bwd"][lb_key], "gluon_ws": True}  # measured at that key's shape only
     return table
 
 
 def write_table(rows: list[dict], source: str) -> Path:
-    device = Path(source).stem  # the tuning rows' device: onepass_ws's rows from the same one
-    ws = ResultStore(WS_BENCH, key=["run"], device=device)
-    ws_rows = ws.rows() if ws.path.exists() else []
-    table = choose(rows, ws_rows)
+    table = choose(rows)
     gits = sorted({r.get("git", "?") for r in rows if r.get("status") == "ok"})
-    ws_line = ""
-    if any(b.get("gluon_ws") for b in table["bwd"].values()):
-        ws_gits = sorted({r.get("git", "?") for r in ws_rows})
-        ws_line = (f"gluon_ws: from {Path(WS_BENCH) / ws.path.name}, newest run {max(r['run'] for r in ws_rows)} "
-                   f"(code at git {', '.join(ws_gits)}).\n")
     TABLE_PATH.write_text(
         '"""Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with\n'
         "`python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).\n\n"
-        f"Source: {source} (code at git {', '.join(gits)}).\n{ws_line}"
+        f"Source: {source} (code at git {', '.join(gits)}).\n"
         '"""\n\n'
         f"TUNED = {pprint.pformat(table, width=110, sort_dicts=True)}\n")
     return TABLE_PATH
@@ -350,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--only", choices=["leaderboard", "sweep"], default=None)
     t.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     t.add_argument("--write", action="store_true", help="regenerate tuned_configs.py afterwards")
+    t.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                   help="re-time only these kernels (the table keeps each other kernel's latest run)")
     t.add_argument("--results-dir", default=None)
     w = sub.add_parser("write-table", help="regenerate tuned_configs.py from stored measurements")
     w.add_argument("--results-dir", default=None)
@@ -368,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     store = ResultStore(BENCH, key=["key", "kernel", "config", "run"], root=args.results_dir)
     if args.workers > 1:
         with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            tune(store, tune_shapes(args.only), pool, args.write)
+            tune(store, tune_shapes(args.only), pool, args.write, tuple(args.kinds))
     else:
-        tune(store, tune_shapes(args.only), None, args.write)
+        tune(store, tune_shapes(args.only), None, args.write, tuple(args.kinds))
     return 0

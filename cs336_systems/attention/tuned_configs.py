@@ -2,7 +2,6 @@
 `python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).
 
 Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, 793db780cbec, 7a141a7ecbcc, a8e302062c11, df107f57b502, ea5a58f90003, fa876024134e).
-gluon_ws: from attention/onepass_ws/nvidia-h200.jsonl, newest run 20261129T203258 (code at git 122152e12412, 7a0dab7, 8e061a5435b3, a07bc8c30156).
 """
 
 TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
@@ -82,7 +81,6 @@ TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
                                    'block_n1': 64,
                                    'block_n2': 64,
                                    'fused': False,
-                                   'gluon_ws': True,
                                    'num_stages1': 3,
                                    'num_stages2': 5,
                                    'num_warps1': 4,
