@@ -278,14 +278,20 @@ def one_pass_keys() -> list[str]:
 
 # -- the tuner's Gluon candidates ------------------------------------------------------------------
 
-def ws_tuning_rows() -> pd.DataFrame:
-    """The newest tuning run of the Gluon backward (kernel "ws") at the leaderboard shape: one row per
-    candidate, its first timing and (the fastest few) the median of its confirmation rounds."""
+def _ws_tuning_run() -> pd.DataFrame:
+    """The rows of the newest tuning run of the Gluon backward (kernel "ws") at the leaderboard shape."""
     tune = load_results("attention/flash_tune", status="ok")
     ws = _at_leaderboard_shape(tune[tune.kernel == "ws"]) if "kernel" in tune else tune.iloc[:0]
+    return ws[ws.run == ws.run.max()]
+
+
+def ws_tuning_rows() -> pd.DataFrame:
+    """One row per candidate of `_ws_tuning_run`: its first timing and (the fastest few) the median
+    of its confirmation rounds."""
+    ws = _ws_tuning_run()
     if ws.empty:
         return ws
-    ws = ws[ws.run == ws.run.max()].assign(setting=lambda d: d.config.map(lambda c: _tile("ws", c)))
+    ws = ws.assign(setting=lambda d: d.config.map(lambda c: _tile("ws", c)))
     conf = ws.phase == "confirm" if "phase" in ws else pd.Series(False, index=ws.index)
     first = ws[~conf].groupby("setting", as_index=False).agg(run=("run", "first"), git=("git", "first"),
                                                                first_ms=("ms", "first"))
@@ -301,7 +307,7 @@ def ws_tuning_table() -> str:
                                "confirmed_ms": "median of 3 rounds, ms"})
     return (markdown_table(shown.astype(object).where(shown.notna(), "—"),
                            formats={"first ms": ".3f", "median of 3 rounds, ms": ".3f"})
-            + "\n\n" + provenance_line(load_results("attention/flash_tune"), _src("attention/flash_tune")))
+            + "\n\n" + provenance_line(_ws_tuning_run(), _src("attention/flash_tune")))
 
 
 # -- the sweep cells that share the leaderboard's table entry ---------------------------------

@@ -1,7 +1,7 @@
 """Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with
 `python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).
 
-Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, 793db780cbec, 7a141a7ecbcc, a8e302062c11, df107f57b502, ea5a58f90003, fa876024134e).
+Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, df107f57b502, ea5a58f90003, fa876024134e).
 """
 
 TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
@@ -81,13 +81,17 @@ TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
                                    'block_n1': 64,
                                    'block_n2': 64,
                                    'fused': False,
+                                   'gluon_ws': True,
                                    'num_stages1': 3,
                                    'num_stages2': 5,
                                    'num_warps1': 4,
                                    'num_warps2': 4,
                                    'one_pass': False,
                                    'tma1': True,
-                                   'tma2': True},
+                                   'tma2': True,
+                                   'ws_dq_regs': 80,
+                                   'ws_slots': 2,
+                                   'ws_stages': 2},
          'bf16-d64-causal-medium': {'block_m1': 64,
                                     'block_m2': 64,
                                     'block_n1': 64,
