@@ -345,3 +345,28 @@ def test_gpu_tma(shape, fwd, bwd, is_causal, dtype):
 @needs_gpu
 def test_gpu_pytorch_fa2_bf16():
     run_and_check("pytorch", 2, 2, 300, 260, 64, True, dtype=torch.bfloat16)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(4, None, 1024, 1024, 64), (2, 2, 512, 1024, 64), (1, 3, 777, 1531, 64),
+                                   (2, 4, 1000, 1000, 80)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_gluon_backward_through_the_table(shape, is_causal, dtype, monkeypatch):
+    """A table entry with gluon_ws, through the autograd Function: the Gluon backward where the inputs
+    qualify (Hopper, Triton 3.6, 16-bit, d = 64, keys a multiple of 128, causal only square), the
+    entry's Triton kernels elsewhere; the gradients right either way."""
+    import triton
+
+    from cs336_systems.attention import onepass_ws
+
+    calls = []
+    real = onepass_ws.launch_bwd_onepass_ws
+    monkeypatch.setattr(onepass_ws, "launch_bwd_onepass_ws", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    bwd = BwdConfig(32, 128, 128, 32, 4, 3, 4, 3, gluon_ws=True, ws_stages=2, ws_slots=2, ws_dq_regs=80)
+    with override(bwd=bwd):
+        run_and_check("triton", *shape, is_causal, dtype=dtype)
+    qualifies = dtype != torch.float32 and (shape[2:] == (1024, 1024, 64) or (shape[2:] == (512, 1024, 64)
+                                                                                and not is_causal))
+    gluon_here = torch.cuda.get_device_capability()[0] == 9 and triton.__version__.startswith("3.6")
+    assert bool(calls) == (qualifies and gluon_here)

@@ -256,10 +256,11 @@ def ws_table() -> str:
 
 
 def ws_best(needs: str = "full") -> dict:
-    """The newest run that timed the `needs` version: its fastest full kernel, that kernel's ablations
-    (same kernel and variant) and the two-pass backward timed beside it."""
+    """The newest run that timed the `needs` version beside the two-pass backward: its fastest full
+    kernel, that kernel's ablations (same kernel and variant) and the two-pass backward's time."""
     g = ws_rows()
-    run = g[g.version == needs].run.max()
+    with_two_pass = set(g[g.impl.str.startswith("triton")].run)
+    run = g[(g.version == needs) & g.run.isin(with_two_pass)].run.max()
     g = g[g.run == run]
     full = g[g.version == "full"].sort_values("median_ms").iloc[0]
     same = g[(g.impl == full.impl) & (g.block_n == full.block_n) & (g.stages == full.stages)

@@ -1,7 +1,7 @@
 """Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with
 `python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).
 
-Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, cd5a0e6f7a22, df107f57b502, ea5a58f90003, fa876024134e).
+Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, 5f471cef2641, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, df107f57b502, ea5a58f90003, fa876024134e).
 """
 
 TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
