@@ -1,5 +1,6 @@
-"""An experiment, measured (see onepass_ws.py and the chapter): the one-pass FlashAttention-2
-backward in Gluon, with dQ's matmul and adds moved off the math warps (warp specialisation).
+"""The one-pass FlashAttention-2 backward in Gluon, with dQ's matmul and adds moved off the math
+warps (warp specialisation): the backward of the table entries that say `gluon_ws` (the tuner
+times it as kernel "ws"); `onepass_ws.py` launches, checks and ablates it.
 
 Why: `ab_onepass` and `reduce_probe` showed that the one-pass kernel's dQ adds (8.6 GB of fp32 at
 the leaderboard shape with 64-key tiles, ~2.4 ms alone) overlap the math only partly when the warps
@@ -13,11 +14,12 @@ BN = 128 keys:
             S^T = K Q^T,  P^T = exp2(S^T c - L2),  dV += P^T dO,  dP^T = V dO^T,
             dS^T = P^T (dP^T - D),  dK += dS^T Q
         and dS^T (bf16) goes into the partition's shared-memory ring of SLOTS tiles (mbarriers
-        full/empty)
+        full/empty). Under the causal mask only the first tiles cross the warpgroup's diagonal:
+        they run in a loop of their own (`_math_tiles`, MASKED), the rest skip the comparisons
     one dQ partition (a warpgroup, DQ_REGS registers; `_dq`): per query tile, dQ's share
         dS K * sm_scale over all 128 keys (both halves of dS^T into one accumulator: the tensor
-        cores do the sum), added into the fp32 dQ with atomics while the math warps go on. 128 keys
-        per program halve the adds against 64 (4.3 GB, not 8.6).
+        cores do the sum), added into the fp32 dQ by TMA bulk reductions (or atomics: DQ_TMA off)
+        while the math warps go on. 128 keys per program halve the adds against 64 (4.3 GB, not 8.6).
 
 The math warpgroups are separate partitions, not one 8-warp partition, so each synchronises only
 its own four warps (a 128-key tile split over one 8-warp partition needed a barrier of all eight
@@ -25,7 +27,6 @@ per tile, which measured slower). setmaxnreg moves registers from the dQ warpgro
 warpgroups (MATH_REGS; `onepass_ws.register_split`). Written against Triton 3.6's Gluon API, the
 GPU's version (Gluon's API changes between releases: 3.9 renamed the TMA copies). Grid (key blocks
 of BN, Z*H); contiguous bf16/fp16 inputs, head dim 64; n_q a multiple of 64, n_k of BN.
-`onepass_ws.py` launches, checks, ablates and times it.
 """
 
 import triton
@@ -47,6 +48,7 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
+# --8<-- [start:math_tiles]
 @gluon.jit
 def _math_tiles(i0, i1, dk, dv, L2, Di, offs_m, offs_n, q_desc, do_desc, L_row, D_row, k_s, v_s, q_s, do_s, ds_s,
                 ld_bars, ds_full, ds_empty, row_q, n_iter, n_q, qk_scale,
@@ -92,6 +94,7 @@ def _math_tiles(i0, i1, dk, dv, L2, Di, offs_m, offs_n, q_desc, do_desc, L_row, 
         tma.async_copy_global_to_shared(q_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), q_s.index(W * STAGES + s), pred=pred)
         tma.async_copy_global_to_shared(do_desc, [row_q + nxt * BM, 0], ld_bars.index(W * STAGES + s), do_s.index(W * STAGES + s), pred=pred)
     return dk, dv, L2, Di, offs_m
+# --8<-- [end:math_tiles]
 
 
 @gluon.jit
@@ -148,6 +151,7 @@ def _math(q_desc, k_desc, v_desc, do_desc, L, Delta, DK, DV, k_all, v_all, q_s, 
     gl.store(DV + out, dv.to(dtype))
 
 
+# --8<-- [start:dq_warpgroup]
 @gluon.jit
 def _dq(DQ, dq_desc, red_s, k_all, kv_bars, ds_s, ds_full, ds_empty, bh, lo, n_iter, n_q, sm_scale,
         D: gl.constexpr, BM: gl.constexpr, SLOTS: gl.constexpr, WG: gl.constexpr, DQ_TMA: gl.constexpr):
@@ -183,6 +187,7 @@ def _dq(DQ, dq_desc, red_s, k_all, kv_bars, ds_s, ds_full, ds_empty, bh, lo, n_i
             gl.atomic_add(base + (i * BM + rows)[:, None] * D + cols[None, :], dq * sm_scale, sem="relaxed")
     if DQ_TMA:
         tma.store_wait(0)
+# --8<-- [end:dq_warpgroup]
 
 
 @gluon.jit

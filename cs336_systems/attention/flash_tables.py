@@ -312,7 +312,7 @@ def ws_tuning_table() -> str:
 
 # -- the sweep cells that share the leaderboard's table entry ---------------------------------
 
-def _leaderboard_key_cells(previous: bool) -> pd.DataFrame:
+def leaderboard_key_cells(previous: bool) -> pd.DataFrame:
     """Our Triton sweep cells that run with the leaderboard's table entry (bf16, d = 64, 65,536):
     their newest rows, or (previous) the rows each newest one replaced."""
     every = load_results("attention/flash_sweep")
@@ -333,7 +333,7 @@ def sweep_stale_leaderboard_entry(previous: bool = False) -> dict | None:
     from .tune import choose
     from .tuned_configs import TUNED
 
-    cells = _leaderboard_key_cells(previous)
+    cells = leaderboard_key_cells(previous)
     tune = _triton_tuning()
     tune = tune[tune.key == LB_KEY]
     if cells.empty or tune.empty:
@@ -348,7 +348,7 @@ def sweep_stale_leaderboard_entry(previous: bool = False) -> dict | None:
     chosen = choose(last.to_dict("records"))
     f, b = chosen["fwd"].get(LB_KEY), chosen["bwd"].get(LB_KEY)
     first = last[last.phase != "confirm"] if "phase" in last else last
-    newest = _leaderboard_key_cells(False)
+    newest = leaderboard_key_cells(False)
     return {"run": last.run.iloc[0], "git": last.git.iloc[0], "Z": Z, "seq": n,
             "candidates": len(first), "leaderboard_candidates": len(_leaderboard_tuning()),
             "fwd": _tile("fwd", f) if f else "—", "bwd": describe_bwd(b),
