@@ -119,10 +119,16 @@ def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "dq_candidates", lambda *a: [(16, 16, 1, 1)])
     monkeypatch.setattr(tune, "heuristic_fwd", lambda *a: FwdConfig(16, 16, 1, 1))
     monkeypatch.setattr(tune, "heuristic_bwd", lambda *a: BwdConfig(16, 16, 16, 16, 1, 1, 1, 1))
+    monkeypatch.setattr(tune, "ws_candidates", lambda *a: [(2, 2, 80)])  # the Gluon kernel: Hopper only
     store = ResultStore(tune.BENCH, key=["key", "kernel", "config", "run"], device="cpu", root=tmp_path)
-    tune.tune(store, [("bf16-d16-causal-large", 1, 40, 16, "bf16", False)], None)
+    shape = ("bf16-d16-causal-large", 1, 40, 16, "bf16", False)
+    tune.tune(store, [shape], None)
     rows = store.rows()
-    assert {r["kernel"] for r in rows} == {"fwd", "dkdv", "dq", "fused", "onepass"}
+    assert {r["kernel"] for r in rows} == {"fwd", "dkdv", "dq", "fused", "onepass", "ws"}
+    # where the Gluon kernel cannot run, its candidate is recorded as such, not timed as a Triton fallback
+    (ws,) = [r for r in rows if r["kernel"] == "ws"]
+    assert ws["status"] == "unsupported" and "Hopper" in ws["error"]
+    rows = [r for r in rows if r["kernel"] != "ws"]
     first = [r for r in rows if r.get("phase") != "confirm"]
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in first)
     again = collections.Counter(r["kernel"] for r in rows if r.get("phase") == "confirm")
@@ -130,6 +136,12 @@ def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     assert again == {k: min(n, tune.CONFIRM_TOP) * tune.CONFIRM_ROUNDS for k, n in timed.items() if n > 1}
     table = tune.choose(rows)
     assert set(table["fwd"]) == set(table["bwd"]) == {"bf16-d16-causal-large"}
+    assert "gluon_ws" not in table["bwd"]["bf16-d16-causal-large"]
+    # a run of some kernels only (--kinds) adds their rows; the table keeps the others' latest run
+    time.sleep(1)  # runs are named by the second
+    tune.tune(store, [shape], None, kinds=("fwd",))
+    assert {r["kernel"] for r in store.rows() if r["run"] == max(r["run"] for r in store.rows())} == {"fwd"}
+    assert set(tune.choose(store.rows())["bwd"]) == {"bf16-d16-causal-large"}
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
