@@ -370,3 +370,27 @@ def test_gpu_gluon_backward_through_the_table(shape, is_causal, dtype, monkeypat
                                                                                 and not is_causal))
     gluon_here = torch.cuda.get_device_capability()[0] == 9 and triton.__version__.startswith("3.6")
     assert bool(calls) == (qualifies and gluon_here)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(4, None, 1024, 1024, 64), (1, 3, 777, 1531, 64), (2, 4, 1000, 1000, 80)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gpu_gluon_forward_through_the_table(shape, is_causal, dtype, monkeypatch):
+    """A forward entry with gluon_ws, through the autograd Function: the Gluon forward where the
+    inputs qualify (Hopper, Triton 3.6, 16-bit, d = 64, keys a multiple of 64), the entry's Triton
+    forward elsewhere; output, saved L and gradients right either way."""
+    import triton
+
+    from cs336_systems.attention import fwd_ws
+
+    calls = []
+    real = fwd_ws.launch_fwd_ws
+    monkeypatch.setattr(fwd_ws, "launch_fwd_ws", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    fwd = FwdConfig(64, 32, 4, 2, gluon_ws=True, ws_block_n=64, ws_stages=4, ws_warpgroups=3)
+    with override(fwd=fwd):
+        run_and_check("triton", *shape, is_causal, dtype=dtype)
+    qualifies = dtype != torch.float32 and shape[-1] == 64 and shape[3] % 64 == 0
+    gluon_here = torch.cuda.get_device_capability()[0] == 9 and triton.__version__.startswith("3.6")
+    assert bool(calls) == (qualifies and gluon_here)

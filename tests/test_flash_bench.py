@@ -109,6 +109,23 @@ def test_table_adds_the_gluon_backward_where_the_tuner_timed_it_fastest():
     assert tune.ws_candidates(torch.float32, 64, True) == [] and tune.ws_candidates(torch.bfloat16, 128, True) == []
 
 
+def test_table_adds_the_gluon_forward_where_the_tuner_timed_it_fastest():
+    from dataclasses import asdict
+
+    fwd = asdict(FwdConfig(128, 64, 8, 4))
+    ws = asdict(tune.fwd_ws_from((64, 5, 3), torch.bfloat16, 64))
+
+    def row(kernel, config, ms, run="1"):
+        return {"key": "k", "kernel": kernel, "config": config, "ms": ms, "run": run, "status": "ok"}
+    plain = {k: v for k, v in fwd.items() if k != "gluon_ws" and not k.startswith("ws_")}
+    assert tune.choose([row("fwd", fwd, 1.3)])["fwd"]["k"] == plain
+    won = tune.choose([row("fwd", fwd, 1.3), row("fwd_ws", ws, 1.2)])["fwd"]["k"]
+    assert won == {**plain, "gluon_ws": True, "ws_block_n": 64, "ws_stages": 5, "ws_warpgroups": 3}
+    assert configs.FwdConfig(**won).gluon_ws
+    assert "gluon_ws" not in tune.choose([row("fwd", fwd, 1.3), row("fwd_ws", ws, 1.4)])["fwd"]["k"]
+    assert tune.fwd_ws_candidates(torch.float32, 64, True) == [] and tune.fwd_ws_candidates(torch.bfloat16, 32, True) == []
+
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
 def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "DEVICE", "cpu")
@@ -119,16 +136,18 @@ def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(tune, "dq_candidates", lambda *a: [(16, 16, 1, 1)])
     monkeypatch.setattr(tune, "heuristic_fwd", lambda *a: FwdConfig(16, 16, 1, 1))
     monkeypatch.setattr(tune, "heuristic_bwd", lambda *a: BwdConfig(16, 16, 16, 16, 1, 1, 1, 1))
-    monkeypatch.setattr(tune, "ws_candidates", lambda *a: [(2, 2, 80)])  # the Gluon kernel: Hopper only
+    monkeypatch.setattr(tune, "ws_candidates", lambda *a: [(2, 2, 80)])  # the Gluon kernels: Hopper only
+    monkeypatch.setattr(tune, "fwd_ws_candidates", lambda *a: [(64, 4, 3)])
     store = ResultStore(tune.BENCH, key=["key", "kernel", "config", "run"], device="cpu", root=tmp_path)
     shape = ("bf16-d16-causal-large", 1, 40, 16, "bf16", False)
     tune.tune(store, [shape], None)
     rows = store.rows()
-    assert {r["kernel"] for r in rows} == {"fwd", "dkdv", "dq", "fused", "onepass", "ws"}
-    # where the Gluon kernel cannot run, its candidate is recorded as such, not timed as a Triton fallback
-    (ws,) = [r for r in rows if r["kernel"] == "ws"]
-    assert ws["status"] == "unsupported" and "Hopper" in ws["error"]
-    rows = [r for r in rows if r["kernel"] != "ws"]
+    assert {r["kernel"] for r in rows} == {"fwd", "fwd_ws", "dkdv", "dq", "fused", "onepass", "ws"}
+    # where a Gluon kernel cannot run, its candidate is recorded as such, not timed as a Triton fallback
+    for kind in ("ws", "fwd_ws"):
+        (ws,) = [r for r in rows if r["kernel"] == kind]
+        assert ws["status"] == "unsupported" and "Hopper" in ws["error"]
+    rows = [r for r in rows if r["kernel"] not in ("ws", "fwd_ws")]
     first = [r for r in rows if r.get("phase") != "confirm"]
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in first)
     again = collections.Counter(r["kernel"] for r in rows if r.get("phase") == "confirm")

@@ -28,6 +28,13 @@ class FwdConfig:
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False  # load Q, K, V tiles through TMA descriptors (see BwdConfig.tma1)
+    # The warp-specialised forward in Gluon (flash_fwd_ws_kernel) where it applies (Hopper, Triton
+    # 3.6, bf16/fp16, d = 64, n_k a multiple of ws_block_n); elsewhere the fields above decide. Its
+    # settings: keys per tile, tiles in flight, consumer warpgroups (64 query rows each).
+    gluon_ws: bool = False
+    ws_block_n: int = 64
+    ws_stages: int = 4
+    ws_warpgroups: int = 3
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from pathlib import Path
 from ..bench.provenance import provenance
 from ..bench.store import REPO_ROOT
 
-TEST_FILES = ["tests/test_flash_attention.py", "tests/test_onepass_ws.py", "tests/test_weighted_sum.py",
-              "tests/test_online_softmax.py"]
+TEST_FILES = ["tests/test_flash_attention.py", "tests/test_onepass_ws.py", "tests/test_fwd_ws.py",
+              "tests/test_weighted_sum.py", "tests/test_online_softmax.py"]
 PY = sys.executable
 
 

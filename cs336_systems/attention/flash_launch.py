@@ -44,6 +44,11 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, config: FwdConf
     """O (Z, H, n_q, d) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp."""
     Z, H, n_q, n_k, d = _shape(q, k)
     c = config or cfgs.fwd_config(q.dtype, d, is_causal, Z * H, n_q, n_k)
+    if c.gluon_ws:
+        from .fwd_ws import fwd_ws_supported, launch_fwd_ws
+
+        if fwd_ws_supported(q, k, v, c.ws_block_n) is None:
+            return launch_fwd_ws(q, k, v, is_causal, c.ws_block_n, c.ws_stages, c.ws_warpgroups)
     o = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     grid = (_cdiv(n_q, c.block_m), Z * H)

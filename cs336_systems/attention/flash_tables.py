@@ -21,6 +21,7 @@ COPY_CEILING_TBPS = 4.22  # device-to-device copy on the H200, ANCHORS.md
 LEADERBOARD_2025_BEST_MS = 5.364  # best verified Spring 2025 course leaderboard entry (H100)
 LB = dict(batch=16, seq=16384, d=64)  # the leaderboard case
 LB_KEY = "bf16-d64-causal-large"  # its entry in the tuned table (the sweep's bf16, d = 64, 65,536 cells use it too)
+GLUON_KINDS = {"ws": "backward", "fwd_ws": "forward"}  # the tuner's kinds for the Gluon kernels
 IMPL_NAMES = {"ours": "ours (Triton FA2)", "cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2 CUDA)",
               "flex": "flex_attention", "naive": "naive, torch.compile"}
 
@@ -124,15 +125,17 @@ def _tiles(kernel: str, c: dict) -> str:
         return f"{c['block_n1']} keys x {c['block_m1']} queries, {c['num_warps1']} w, {c['num_stages1']} st"
     if kernel == "ws":
         return f"{c['ws_stages']} stages, {c['ws_slots']} dS slots, {c['ws_dq_regs']} dQ regs"
+    if kernel == "fwd_ws":
+        return f"{c['ws_warpgroups']} x 64 queries, {c['ws_block_n']} keys per tile, {c['ws_stages']} stages"
     return (f"dK/dV {c['block_n1']}x{c['block_m1']}, dQ {c['block_m2']}x{c['block_n2']}, "
             f"{c['num_warps1']} w, {c['num_stages1']} st")
 
 
 def _triton_tuning(status: str | None = "ok") -> pd.DataFrame:
-    """The tuner's rows of the Triton kernels (the Gluon backward's, kernel "ws", have their own
-    table in the Gluon section: `ws_tuning_table`)."""
+    """The tuner's rows of the Triton kernels (the Gluon kernels', "ws" and "fwd_ws", have their
+    own tables in the Gluon sections: `ws_tuning_table`)."""
     tune = load_results("attention/flash_tune", status=status)
-    return tune[tune.kernel != "ws"] if "kernel" in tune else tune
+    return tune[~tune.kernel.isin(GLUON_KINDS)] if "kernel" in tune else tune
 
 
 def _tuning_rows() -> pd.DataFrame:
@@ -243,6 +246,15 @@ def tuning_effect_table() -> str:
             + "\n\n" + provenance_line(_leaderboard_tuning(), _src("attention/flash_tune")))
 
 
+def describe_fwd(f: dict | None) -> str:
+    """A forward table entry in words (the Gluon forward where the entry says so)."""
+    if not f:
+        return "—"
+    if f.get("gluon_ws"):
+        return f"Gluon, warp-specialised ({_tile('fwd_ws', f)}) where it applies; else " + _tile("fwd", f)
+    return _tile("fwd", f)
+
+
 def describe_bwd(b: dict | None) -> str:
     """A backward table entry in words: one launch, one pass (and how it adds dQ), or two launches."""
     if not b:
@@ -264,7 +276,7 @@ def chosen_configs_table() -> str:
     rows = []
     for key in sorted(set(TUNED["fwd"]) | set(TUNED["bwd"])):
         f, b = TUNED["fwd"].get(key), TUNED["bwd"].get(key)
-        rows.append({"key (dtype-d-mask-size)": key, "forward": _tile("fwd", f) if f else "—",
+        rows.append({"key (dtype-d-mask-size)": key, "forward": describe_fwd(f),
                      "backward": describe_bwd(b)})
     return markdown_table(pd.DataFrame(rows))
 
@@ -278,20 +290,21 @@ def one_pass_keys() -> list[str]:
 
 # -- the tuner's Gluon candidates ------------------------------------------------------------------
 
-def _ws_tuning_run() -> pd.DataFrame:
-    """The rows of the newest tuning run of the Gluon backward (kernel "ws") at the leaderboard shape."""
+def _ws_tuning_run(kernel: str = "ws") -> pd.DataFrame:
+    """The rows of the newest tuning run of a Gluon kernel ("ws": the backward, "fwd_ws": the
+    forward) at the leaderboard shape."""
     tune = load_results("attention/flash_tune", status="ok")
-    ws = _at_leaderboard_shape(tune[tune.kernel == "ws"]) if "kernel" in tune else tune.iloc[:0]
+    ws = _at_leaderboard_shape(tune[tune.kernel == kernel]) if "kernel" in tune else tune.iloc[:0]
     return ws[ws.run == ws.run.max()]
 
 
-def ws_tuning_rows() -> pd.DataFrame:
+def ws_tuning_rows(kernel: str = "ws") -> pd.DataFrame:
     """One row per candidate of `_ws_tuning_run`: its first timing and (the fastest few) the median
     of its confirmation rounds."""
-    ws = _ws_tuning_run()
+    ws = _ws_tuning_run(kernel)
     if ws.empty:
         return ws
-    ws = ws.assign(setting=lambda d: d.config.map(lambda c: _tile("ws", c)))
+    ws = ws.assign(setting=lambda d: d.config.map(lambda c: _tile(kernel, c)))
     conf = ws.phase == "confirm" if "phase" in ws else pd.Series(False, index=ws.index)
     first = ws[~conf].groupby("setting", as_index=False).agg(run=("run", "first"), git=("git", "first"),
                                                                first_ms=("ms", "first"))
@@ -299,15 +312,15 @@ def ws_tuning_rows() -> pd.DataFrame:
     return first.join(medians, on="setting").sort_values(["confirmed_ms", "first_ms"])
 
 
-def ws_tuning_table() -> str:
-    df = ws_tuning_rows()
+def ws_tuning_table(kernel: str = "ws") -> str:
+    df = ws_tuning_rows(kernel)
     if df.empty:
-        return "*No tuning run has timed the Gluon backward at the leaderboard shape yet.*"
-    shown = df.rename(columns={"setting": "setting (stages, slots, dQ registers)", "first_ms": "first ms",
+        return f"*No tuning run has timed the Gluon {GLUON_KINDS[kernel]} at the leaderboard shape yet.*"
+    shown = df.rename(columns={"setting": "setting", "first_ms": "first ms",
                                "confirmed_ms": "median of 3 rounds, ms"})
     return (markdown_table(shown.astype(object).where(shown.notna(), "—"),
                            formats={"first ms": ".3f", "median of 3 rounds, ms": ".3f"})
-            + "\n\n" + provenance_line(_ws_tuning_run(), _src("attention/flash_tune")))
+            + "\n\n" + provenance_line(_ws_tuning_run(kernel), _src("attention/flash_tune")))
 
 
 # -- the sweep cells that share the leaderboard's table entry ---------------------------------

@@ -40,7 +40,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CONFIRM_TOP, CONFIRM_ROUNDS = 4, 3  # re-timed candidates per kernel, interleaved rounds
 TMA = (False, True)  # tile loads by pointers, or by tensor descriptors (flash_launch.tma_ok decides if usable)
 DEVICE = "cuda"  # a dry run of the whole flow on the CPU interpreter sets "cpu" (tests do)
-KINDS = ("fwd", "dkdv", "dq", "onepass", "ws", "fused")
+KINDS = ("fwd", "fwd_ws", "dkdv", "dq", "onepass", "ws", "fused")
 
 
 # --8<-- [start:candidates]
@@ -82,6 +82,14 @@ def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int
     return dkdv_candidates(dtype, d, wide)
 
 
+def fwd_ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
+    """(keys per tile, stages, consumer warpgroups) of the Gluon forward, written for 16-bit inputs
+    with d = 64 (`fwd_ws.fwd_ws_supported`); none elsewhere. Three warpgroups with 128-key tiles spill."""
+    if dtype == torch.float32 or d != 64:
+        return []
+    return [(64, 3, 3), (64, 4, 3), (64, 5, 3), (64, 6, 3), (128, 2, 2), (128, 3, 2)]
+
+
 def ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
     """(stages, slots, dQ registers) of the Gluon one-pass backward, written for 16-bit inputs with
     d = 64 (`onepass_ws.ws_supported`); none elsewhere. The dQ warpgroup's registers trade against
@@ -96,6 +104,13 @@ def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False, tma1: bool = False, tm
     m1, n1, w1, s1 = dkdv
     m2, n2, w2, s2 = dq
     return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused, tma1=tma1, tma2=tma2)
+
+
+def fwd_ws_from(c: tuple, dtype: torch.dtype, d: int) -> FwdConfig:
+    """A Gluon forward candidate; its Triton fields (the heuristic's) are unused, as in `ws_from`."""
+    block_n, stages, warpgroups = c
+    return replace(heuristic_fwd(dtype, d), gluon_ws=True, ws_block_n=block_n, ws_stages=stages,
+                   ws_warpgroups=warpgroups)
 
 
 def ws_from(c: tuple, dtype: torch.dtype, d: int) -> BwdConfig:
@@ -145,11 +160,14 @@ def _prepare(Z, N, d, dtype):
 
 def _runner(kind: str, config, state):
     from .flash_launch import launch_bwd_fused, launch_bwd_onepass, launch_dkdv, launch_dq, launch_fwd
+    from .fwd_ws import launch_fwd_ws
     from .onepass_ws import launch_bwd_onepass_ws
 
     q, k, v, do, o, L, delta = state
     if kind == "fwd":
         return lambda: launch_fwd(q, k, v, True, config)[0]
+    if kind == "fwd_ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
+        return lambda: launch_fwd_ws(q, k, v, True, config.ws_block_n, config.ws_stages, config.ws_warpgroups)[0]
     if kind == "dkdv":
         return lambda: launch_dkdv(q, k, v, do, L, delta, True, config)
     if kind == "dq":
@@ -196,8 +214,10 @@ def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: i
 
     dtype = DTYPES[dt]
     state = _prepare(Z, N, d, dtype)
-    base = heuristic_fwd(dtype, d) if kind == "fwd" else heuristic_bwd(dtype, d)
-    if kind in ("onepass", "ws"):  # checked against the two-pass (dQ, dK, dV), not against itself
+    base = heuristic_fwd(dtype, d) if kind in ("fwd", "fwd_ws") else heuristic_bwd(dtype, d)
+    if kind == "fwd_ws":  # checked against the Triton forward
+        want = _runner("fwd", base, state)()
+    elif kind in ("onepass", "ws"):  # checked against the two-pass (dQ, dK, dV), not against itself
         want = (_runner("dq", base, state)(), *_runner("dkdv", base, state)())
     else:
         want = _runner(kind, base, state)()
@@ -256,6 +276,7 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
         dtype = DTYPES[dt]
         cands = {
             "fwd": [replace(c, tma=t) for c in fwd_candidates(dtype, d, wide) for t in TMA],
+            "fwd_ws": [fwd_ws_from(c, dtype, d) for c in fwd_ws_candidates(dtype, d, wide)],
             # each tiling with pointer loads and with TMA descriptors (Hopper)
             "dkdv": [bwd_from(c, (64, 32, 4, 2), tma1=t) for c in dkdv_candidates(dtype, d, wide) for t in TMA],
             "dq": [bwd_from((32, 64, 4, 2), c, tma2=t) for c in dq_candidates(dtype, d, wide) for t in TMA],
@@ -331,7 +352,11 @@ def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
     table: dict[str, dict[str, dict]] = {"fwd": {}, "bwd": {}}
     for key in sorted({k for k, _ in latest}):
         if (key, "fwd") in best:
-            table["fwd"][key] = best[(key, "fwd")][1]
+            t, fwd = best[(key, "fwd")]
+            fwd = {k: v for k, v in fwd.items() if k != "gluon_ws" and not k.startswith("ws_")}
+            if (key, "fwd_ws") in best and best[(key, "fwd_ws")][0] < t:
+                fwd |= {k: v for k, v in best[(key, "fwd_ws")][1].items() if k.startswith("ws_")} | {"gluon_ws": True}
+            table["fwd"][key] = fwd
         if (key, "dkdv") in best and (key, "dq") in best:
             (t1, c1), (t2, c2) = best[(key, "dkdv")], best[(key, "dq")]
             dq_fields = ("block_m2", "block_n2", "num_warps2", "num_stages2", "tma2")

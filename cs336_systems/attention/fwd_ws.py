@@ -1,0 +1,73 @@
+"""Launch the warp-specialised forward (`flash_fwd_ws_kernel`, Gluon) and say which inputs it takes.
+
+`launch_fwd` runs it where a table entry says `gluon_ws` (the tuner times it as kernel "fwd_ws"
+beside the Triton forward and picks its settings); other inputs run the Triton forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+ROWS = 64  # query rows per consumer warpgroup
+
+
+def fwd_ws_supported(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64) -> str | None:
+    """Why the Gluon forward cannot take these inputs, or None."""
+    import triton
+
+    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+        return "needs a Hopper GPU (sm_90)"
+    if not triton.__version__.startswith("3.6"):
+        return f"written against Triton 3.6's Gluon API (installed: {triton.__version__})"
+    if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, v)):
+        return "needs bf16 or fp16 inputs of one dtype"
+    if q.shape[-1] != 64:
+        return "written for head dim 64"
+    if not all(t.is_contiguous() for t in (q, k, v)):
+        return "needs contiguous inputs"
+    if k.shape[2] % block_n:
+        return f"n_k must be a multiple of {block_n}"
+    return None
+
+
+def register_split(warpgroups: int) -> tuple[int, int]:
+    """(maxnreg at launch, consumer warpgroups' registers): the 64K-register file over the program's
+    warps (the consumer warpgroups, and the loader warp, which Gluon pads to a warpgroup); setmaxnreg
+    gives the loader 24 registers and the consumers the rest."""
+    warps = 4 * warpgroups + 4
+    maxnreg = 65536 // (32 * warps) // 8 * 8
+    return maxnreg, min(256, (warps * maxnreg - 4 * 24) // (warps - 4) // 8 * 8)
+
+
+def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int = 64, stages: int = 4,
+                  warpgroups: int = 3) -> tuple[Tensor, Tensor]:
+    """O (Z, H, n_q, 64) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp, as `launch_fwd`.
+    A program owns 64 * warpgroups queries; block_n keys per tile, stages tiles in flight."""
+    import triton
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .flash_fwd_ws_kernel import fwd_ws_kernel
+    from .flash_launch import _scales
+
+    if warpgroups not in (2, 3):
+        raise ValueError(f"launch_fwd_ws: warpgroups must be 2 or 3, got {warpgroups}")
+    if block_n not in (64, 128) or stages < 2:
+        raise ValueError(f"launch_fwd_ws: block_n must be 64 or 128 and stages at least 2, got {block_n}, {stages}")
+    if (why := fwd_ws_supported(q, k, v, block_n)) is not None:
+        raise ValueError(f"launch_fwd_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
+    Z, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_desc = TensorDescriptor.from_tensor(q.reshape(-1, d), [ROWS, d], gl.NVMMASharedLayout.get_default_for([ROWS, d], gl_dtype))
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gl_dtype)
+    k_desc, v_desc = (TensorDescriptor.from_tensor(t.reshape(-1, d), [block_n, d], kv_layout) for t in (k, v))
+    o = torch.empty_like(q)
+    L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
+    maxnreg, math_regs = register_split(warpgroups)
+    fwd_ws_kernel[(triton.cdiv(n_q, ROWS * warpgroups), Z * H)](
+        q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1],
+        D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
+        num_warps=4, maxnreg=maxnreg)
+    return o, L
