@@ -1,7 +1,7 @@
 """Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with
 `python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).
 
-Source: attention/flash_tune/nvidia-h200.jsonl (code at git 20201d038c9c, 5f471cef2641, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, df107f57b502, ea5a58f90003, fa876024134e).
+Source: attention/flash_tune/nvidia-h200.jsonl (code at git 046bb7a0ebb2, 20201d038c9c, 5f471cef2641, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, df107f57b502, ea5a58f90003, fa876024134e).
 """
 
 TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
@@ -232,9 +232,13 @@ TUNED = {'bwd': {'bf16-d128-causal-large': {'block_m1': 64,
                                     'tma': False},
          'bf16-d64-causal-large': {'block_m': 128,
                                    'block_n': 64,
+                                   'gluon_ws': True,
                                    'num_stages': 4,
                                    'num_warps': 8,
-                                   'tma': False},
+                                   'tma': False,
+                                   'ws_block_n': 64,
+                                   'ws_stages': 4,
+                                   'ws_warpgroups': 3},
          'bf16-d64-causal-medium': {'block_m': 64,
                                     'block_n': 64,
                                     'num_stages': 3,
