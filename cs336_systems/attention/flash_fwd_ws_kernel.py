@@ -58,6 +58,7 @@ def _softmax(S, m_i, l_i, offs_m, j, qk_scale, BN: gl.constexpr, MASKED: gl.cons
     return p, m_new, l_i, alpha
 
 
+# --8<-- [start:step]
 @gluon.jit
 def _step(j, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
           BN: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
@@ -77,6 +78,7 @@ def _step(j, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
     mbarrier.arrive(kv_empty.index(prev), count=1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
     return acc, p, m_i, l_i
+# --8<-- [end:step]
 
 
 @gluon.jit
