@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                          ("onepass", heuristic_onepass(dtype, next_power_of_2(args.d)))):
         print(kind, config, report(kind, config, dtype, args.d, args.causal))
     if args.onepass_candidates:
-        from .tune import onepass_candidates, onepass_from
+        from .tune_candidates import onepass_candidates, onepass_from
 
         for c in onepass_candidates(dtype, args.d, wide=True):
             print("onepass", c, report("onepass", onepass_from(c), dtype, args.d, args.causal))

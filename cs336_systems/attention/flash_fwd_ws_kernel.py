@@ -161,6 +161,8 @@ def fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, n_q, n_k, qk_scale,
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_full.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=NW)  # every consumer warpgroup releases a slot
+    # one consumer partition per warpgroup, W picking its rows (the (function, args) pairs are spelled
+    # out in each list: jit code cannot build the list in a loop)
     if NW == 2:
         gl.warp_specialize([
             (_math, (O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_tiles, qk_scale,

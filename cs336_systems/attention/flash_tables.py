@@ -114,21 +114,19 @@ def _tma(kernel: str, c: dict) -> str:
     return ", TMA" if kernel != "fused" else ", TMA " + " + ".join({"tma1": "dK/dV", "tma2": "dQ"}[p] for p in on)
 
 
+TILE_WORDS = {  # kernel -> its tiling in words, from its config's fields ("fused" is the fallback)
+    "fwd": "{block_m}x{block_n}, {num_warps} warps, {num_stages} stages",
+    "dkdv": "{block_n1} keys x {block_m1} queries, {num_warps1} w, {num_stages1} st",
+    "dq": "{block_m2} queries x {block_n2} keys, {num_warps2} w, {num_stages2} st",
+    "onepass": "{block_n1} keys x {block_m1} queries, {num_warps1} w, {num_stages1} st",
+    "ws": "{ws_stages} stages, {ws_slots} dS slots, {ws_dq_regs} dQ regs",
+    "fwd_ws": "{ws_warpgroups} x 64 queries, {ws_block_n} keys per tile, {ws_stages} stages",
+    "fused": "dK/dV {block_n1}x{block_m1}, dQ {block_m2}x{block_n2}, {num_warps1} w, {num_stages1} st",
+}
+
+
 def _tiles(kernel: str, c: dict) -> str:
-    if kernel == "fwd":
-        return f"{c['block_m']}x{c['block_n']}, {c['num_warps']} warps, {c['num_stages']} stages"
-    if kernel == "dkdv":
-        return f"{c['block_n1']} keys x {c['block_m1']} queries, {c['num_warps1']} w, {c['num_stages1']} st"
-    if kernel == "dq":
-        return f"{c['block_m2']} queries x {c['block_n2']} keys, {c['num_warps2']} w, {c['num_stages2']} st"
-    if kernel == "onepass":
-        return f"{c['block_n1']} keys x {c['block_m1']} queries, {c['num_warps1']} w, {c['num_stages1']} st"
-    if kernel == "ws":
-        return f"{c['ws_stages']} stages, {c['ws_slots']} dS slots, {c['ws_dq_regs']} dQ regs"
-    if kernel == "fwd_ws":
-        return f"{c['ws_warpgroups']} x 64 queries, {c['ws_block_n']} keys per tile, {c['ws_stages']} stages"
-    return (f"dK/dV {c['block_n1']}x{c['block_m1']}, dQ {c['block_m2']}x{c['block_n2']}, "
-            f"{c['num_warps1']} w, {c['num_stages1']} st")
+    return TILE_WORDS.get(kernel, TILE_WORDS["fused"]).format(**c)
 
 
 def _triton_tuning(status: str | None = "ok") -> pd.DataFrame:

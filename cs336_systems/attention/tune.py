@@ -4,9 +4,10 @@
     python -m cs336_systems.attention.configs write-table
 
 For each table key (dtype, padded head dim, causal, size class) at a representative shape, every
-candidate of each kernel (forward, dK/dV pass, dQ pass, one-pass backward, the Gluon one-pass
-backward where it applies, then fused launches of the best dK/dV and dQ pairs) is compiled (in parallel worker processes, which fill Triton's on-disk cache), checked against the
-heuristic configuration's output (the backward ones against the two-pass backward), and timed
+candidate of each kernel (forward, dK/dV pass, dQ pass, one-pass backward, the Gluon forward and
+one-pass backward where they apply, then fused launches of the best dK/dV and dQ pairs) is compiled
+(in parallel worker processes, which fill Triton's on-disk cache), checked against the heuristic
+configuration's output (the backward ones against the two-pass backward), and timed
 with do_bench (median). A single short timing can be moved a few percent by when it ran (the
 GPU's clock follows its power and temperature), so the fastest few of each kernel are then timed
 again in interleaved rounds and ranked by their median (`confirm`). Rows go to
@@ -32,7 +33,9 @@ from pathlib import Path
 import torch
 
 from ..bench.store import ResultStore
-from .configs import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd, table_key
+from .configs import BwdConfig, heuristic_bwd, heuristic_fwd, table_key
+from .tune_candidates import (bwd_from, dkdv_candidates, dq_candidates, fwd_candidates, fwd_ws_candidates,  # noqa: F401
+                              fwd_ws_from, onepass_candidates, onepass_from, ws_candidates, ws_from)
 
 BENCH = "attention/flash_tune"
 TABLE_PATH = Path(__file__).with_name("tuned_configs.py")
@@ -41,89 +44,6 @@ CONFIRM_TOP, CONFIRM_ROUNDS = 4, 3  # re-timed candidates per kernel, interleave
 TMA = (False, True)  # tile loads by pointers, or by tensor descriptors (flash_launch.tma_ok decides if usable)
 DEVICE = "cuda"  # a dry run of the whole flow on the CPU interpreter sets "cpu" (tests do)
 KINDS = ("fwd", "fwd_ws", "dkdv", "dq", "onepass", "ws", "fused")
-
-
-# --8<-- [start:candidates]
-def fwd_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[FwdConfig]:
-    if wide:
-        return [FwdConfig(m, n, w, s) for m, n, w, s in itertools.product(
-            (64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
-    if dtype == torch.float32:
-        return [FwdConfig(*c) for c in ((64, 32, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2), (64, 32, 8, 2),
-                                        (32, 16, 4, 2), (128, 32, 8, 2))]
-    return [FwdConfig(*c) for c in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3),
-                                    (64, 32, 4, 2), (128, 32, 4, 3))]
-
-
-def dkdv_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int, int]]:
-    """(block_m1, block_n1, warps, stages) of the dK/dV pass."""
-    if wide:
-        return list(itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3, 4, 5)))
-    if dtype == torch.float32:
-        return [(16, 64, 4, 2), (32, 64, 4, 2), (16, 32, 4, 2), (32, 32, 4, 2), (16, 128, 8, 2), (32, 64, 8, 1)]
-    return [(32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (16, 64, 4, 3), (64, 64, 4, 2)]
-
-
-def dq_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int, int]]:
-    """(block_m2, block_n2, warps, stages) of the dQ pass."""
-    if wide:
-        return list(itertools.product((64, 128), (16, 32, 64), (4, 8), (2, 3, 4, 5)))
-    if dtype == torch.float32:
-        return [(64, 16, 4, 2), (64, 32, 4, 2), (32, 16, 4, 2), (32, 32, 4, 2), (128, 16, 8, 2), (64, 32, 8, 1)]
-    return [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 2), (64, 16, 4, 3)]
-
-
-def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int, int]]:
-    """(block_m1, block_n1, warps, stages) of the one-pass backward: its program is the dK/dV pass
-    plus one matmul and the dQ atomics. Wide search: 16-query steps are left out (the dQ matmul
-    would have 16 rows, below a warpgroup MMA's 64), 128-query steps added."""
-    if wide:
-        return list(itertools.product((32, 64, 128), (64, 128), (4, 8), (2, 3, 4, 5)))
-    return dkdv_candidates(dtype, d, wide)
-
-
-def fwd_ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
-    """(keys per tile, stages, consumer warpgroups) of the Gluon forward, written for 16-bit inputs
-    with d = 64 (`fwd_ws.fwd_ws_supported`); none elsewhere. Three warpgroups with 128-key tiles spill."""
-    if dtype == torch.float32 or d != 64:
-        return []
-    return [(64, 3, 3), (64, 4, 3), (64, 5, 3), (64, 6, 3), (128, 2, 2), (128, 3, 2)]
-
-
-def ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
-    """(stages, slots, dQ registers) of the Gluon one-pass backward, written for 16-bit inputs with
-    d = 64 (`onepass_ws.ws_supported`); none elsewhere. The dQ warpgroup's registers trade against
-    the math warpgroups' (at 96 and more the math spills a few values; at 64 the dQ warpgroup does)."""
-    if dtype == torch.float32 or d != 64:
-        return []
-    return list(itertools.product((2, 3), (2, 3), (72, 80, 88, 96)))
-# --8<-- [end:candidates]
-
-
-def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False, tma1: bool = False, tma2: bool = False) -> BwdConfig:
-    m1, n1, w1, s1 = dkdv
-    m2, n2, w2, s2 = dq
-    return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused, tma1=tma1, tma2=tma2)
-
-
-def fwd_ws_from(c: tuple, dtype: torch.dtype, d: int) -> FwdConfig:
-    """A Gluon forward candidate; its Triton fields (the heuristic's) are unused, as in `ws_from`."""
-    block_n, stages, warpgroups = c
-    return replace(heuristic_fwd(dtype, d), gluon_ws=True, ws_block_n=block_n, ws_stages=stages,
-                   ws_warpgroups=warpgroups)
-
-
-def ws_from(c: tuple, dtype: torch.dtype, d: int) -> BwdConfig:
-    """A Gluon candidate; its Triton fields (the heuristic's) are unused: the table keeps the best
-    Triton backward's for the inputs the Gluon kernel does not take."""
-    stages, slots, regs = c
-    return replace(heuristic_bwd(dtype, d), gluon_ws=True, ws_stages=stages, ws_slots=slots, ws_dq_regs=regs)
-
-
-def onepass_from(c: tuple, tma: bool = False) -> BwdConfig:
-    """The *2 fields are unused by the one-pass kernel; they repeat the *1 fields."""
-    m, n, w, s = c
-    return BwdConfig(m, n, m, n, w, s, w, s, one_pass=True, tma1=tma)
 
 
 # (key, Z, N, d, dtype, wide search). The leaderboard shape stands for bf16-d64-causal-large.
