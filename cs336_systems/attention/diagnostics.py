@@ -268,3 +268,41 @@ def ws_best(needs: str = "full") -> dict:
     two = float(g[g.impl.str.startswith("triton")].median_ms.iloc[0])
     return {"run": run, "git": full.git, "impl": full.impl, "full": float(full.median_ms), "two_pass": two,
             **{v: float(ms) for v, ms in same.items() if v != "full"}}
+
+
+# -- the tuner's Gluon candidates ------------------------------------------------------------------
+
+from .flash_tables import GLUON_KINDS, _at_leaderboard_shape, _src, _tile  # noqa: E402 - the chapter's helpers
+
+
+def _ws_tuning_run(kernel: str = "ws") -> pd.DataFrame:
+    """The rows of the newest tuning run of a Gluon kernel ("ws": the backward, "fwd_ws": the
+    forward) at the leaderboard shape."""
+    tune = load_results("attention/flash_tune", status="ok")
+    ws = _at_leaderboard_shape(tune[tune.kernel == kernel]) if "kernel" in tune else tune.iloc[:0]
+    return ws[ws.run == ws.run.max()]
+
+
+def ws_tuning_rows(kernel: str = "ws") -> pd.DataFrame:
+    """One row per candidate of `_ws_tuning_run`: its first timing and (the fastest few) the median
+    of its confirmation rounds."""
+    ws = _ws_tuning_run(kernel)
+    if ws.empty:
+        return ws
+    ws = ws.assign(setting=lambda d: d.config.map(lambda c: _tile(kernel, c)))
+    conf = ws.phase == "confirm" if "phase" in ws else pd.Series(False, index=ws.index)
+    first = ws[~conf].groupby("setting", as_index=False).agg(run=("run", "first"), git=("git", "first"),
+                                                               first_ms=("ms", "first"))
+    medians = ws[conf].groupby("setting").ms.median().rename("confirmed_ms")
+    return first.join(medians, on="setting").sort_values(["confirmed_ms", "first_ms"])
+
+
+def ws_tuning_table(kernel: str = "ws") -> str:
+    df = ws_tuning_rows(kernel)
+    if df.empty:
+        return f"*No tuning run has timed the Gluon {GLUON_KINDS[kernel]} at the leaderboard shape yet.*"
+    shown = df.rename(columns={"setting": "setting", "first_ms": "first ms",
+                               "confirmed_ms": "median of 3 rounds, ms"})
+    return (markdown_table(shown.astype(object).where(shown.notna(), "—"),
+                           formats={"first ms": ".3f", "median of 3 rounds, ms": ".3f"})
+            + "\n\n" + provenance_line(_ws_tuning_run(kernel), _src("attention/flash_tune")))

@@ -131,7 +131,7 @@ def _tiles(kernel: str, c: dict) -> str:
 
 def _triton_tuning(status: str | None = "ok") -> pd.DataFrame:
     """The tuner's rows of the Triton kernels (the Gluon kernels', "ws" and "fwd_ws", have their
-    own tables in the Gluon sections: `ws_tuning_table`)."""
+    own tables in the Gluon sections: `diagnostics.ws_tuning_table`)."""
     tune = load_results("attention/flash_tune", status=status)
     return tune[~tune.kernel.isin(GLUON_KINDS)] if "kernel" in tune else tune
 
@@ -284,41 +284,6 @@ def one_pass_keys() -> list[str]:
     from .tuned_configs import TUNED
 
     return sorted(k for k, b in TUNED["bwd"].items() if b.get("one_pass"))
-
-
-# -- the tuner's Gluon candidates ------------------------------------------------------------------
-
-def _ws_tuning_run(kernel: str = "ws") -> pd.DataFrame:
-    """The rows of the newest tuning run of a Gluon kernel ("ws": the backward, "fwd_ws": the
-    forward) at the leaderboard shape."""
-    tune = load_results("attention/flash_tune", status="ok")
-    ws = _at_leaderboard_shape(tune[tune.kernel == kernel]) if "kernel" in tune else tune.iloc[:0]
-    return ws[ws.run == ws.run.max()]
-
-
-def ws_tuning_rows(kernel: str = "ws") -> pd.DataFrame:
-    """One row per candidate of `_ws_tuning_run`: its first timing and (the fastest few) the median
-    of its confirmation rounds."""
-    ws = _ws_tuning_run(kernel)
-    if ws.empty:
-        return ws
-    ws = ws.assign(setting=lambda d: d.config.map(lambda c: _tile(kernel, c)))
-    conf = ws.phase == "confirm" if "phase" in ws else pd.Series(False, index=ws.index)
-    first = ws[~conf].groupby("setting", as_index=False).agg(run=("run", "first"), git=("git", "first"),
-                                                               first_ms=("ms", "first"))
-    medians = ws[conf].groupby("setting").ms.median().rename("confirmed_ms")
-    return first.join(medians, on="setting").sort_values(["confirmed_ms", "first_ms"])
-
-
-def ws_tuning_table(kernel: str = "ws") -> str:
-    df = ws_tuning_rows(kernel)
-    if df.empty:
-        return f"*No tuning run has timed the Gluon {GLUON_KINDS[kernel]} at the leaderboard shape yet.*"
-    shown = df.rename(columns={"setting": "setting", "first_ms": "first ms",
-                               "confirmed_ms": "median of 3 rounds, ms"})
-    return (markdown_table(shown.astype(object).where(shown.notna(), "—"),
-                           formats={"first ms": ".3f", "median of 3 rounds, ms": ".3f"})
-            + "\n\n" + provenance_line(_ws_tuning_run(kernel), _src("attention/flash_tune")))
 
 
 # -- the sweep cells that share the leaderboard's table entry ---------------------------------
