@@ -74,7 +74,7 @@ CHAPTERS = (
 SNIPPET = re.compile(r'--8<--\s+"(cs336_systems/[^":]+\.py)')
 # Imports in the page's executed code (markdown-exec blocks, the lab notebook).
 PAGE_IMPORT = re.compile(r"^\s*(?:from\s+(cs336_systems[\w.]*)\s+import\s+([\w, ]+)|import\s+(cs336_systems[\w.]*))", re.M)
-GENERIC = ("cs336_systems.report", "cs336_systems.bench")  # every chapter renders through these
+GENERIC = ("report.results", "cs336_systems.bench")  # every chapter renders through these
 RESULTS_CALL = re.compile(r'(?:results_table|load_results)\(\s*["\']([^"\']+)["\']')
 
 

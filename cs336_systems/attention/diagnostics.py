@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..bench.store import REPO_ROOT
-from ..report import load_results, markdown_table, provenance_line
+from report.results import load_results, markdown_table, provenance_line
 
 AB_BENCH = "attention/dkdv_ab"
 HOST_BENCH = "attention/host_overhead"

@@ -10,7 +10,7 @@ import re
 import pandas as pd
 
 from ..bench.store import REPO_ROOT
-from ..report import load_results, markdown_table, provenance_line
+from report.results import load_results, markdown_table, provenance_line
 from .flops import attention_flops
 from .sweep_tables import MODE_WORDS, SWEEP_CELL
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..report import load_results, markdown_table, provenance_line
+from report.results import load_results, markdown_table, provenance_line
 
 SWEEP_BENCH = "attention/flash_sweep"
 SWEEP_NAMES = {"triton": "ours Triton", "pytorch": "ours PyTorch", "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}

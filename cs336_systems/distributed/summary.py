@@ -17,7 +17,7 @@ from cs336_systems.distributed.collectives_bench import KEY as COLLECTIVES_KEY
 from cs336_systems.distributed.ddp_bench import BENCH as STEPS
 from cs336_systems.distributed.ddp_bench import KEY as STEPS_KEY
 from cs336_systems.distributed.ddp_bench import TRACE_BENCH
-from cs336_systems.report import load_results, markdown_table, provenance_line
+from report.results import load_results, markdown_table, provenance_line
 
 RUN_KEY = ["size", "backend", "device_type", "world_size", "batch_size", "context_length"]
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.model.config import PRESETS
-from cs336_systems.report import load_results, markdown_table, provenance_line
+from report.results import load_results, markdown_table, provenance_line
 
 from .kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from .nvtx import attention_flops

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
-from cs336_systems.report import load_results, markdown_table, provenance_line
+from report.results import load_results, markdown_table, provenance_line
 from cs336_systems.bench.store import REPO_ROOT, results_path
 
 from . import accounting as acc

@@ -1,7 +1,7 @@
 """Render committed results as Markdown for the docs (called from markdown-exec blocks at build time).
 
     ```python exec="on"
-    from cs336_systems.report import results_table
+    from report.results import results_table
     print(results_table("attention/pytorch_attention", columns=["d", "seq", "forward_ms"]))
     ```
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .bench.provenance import PROVENANCE_FIELDS
-from .bench.store import REPO_ROOT, ResultStore, results_path
+from cs336_systems.bench.provenance import PROVENANCE_FIELDS
+from cs336_systems.bench.store import REPO_ROOT, ResultStore, results_path
 
 RESULTS_ROOT = REPO_ROOT / "results"
 # Files the current build has read: a test checks each exists and the site names its source.
