@@ -12,7 +12,7 @@ import pandas as pd
 
 from cs336_systems.attention.pytorch_sweep import attention_memory
 from cs336_systems.bench.store import results_path
-from cs336_systems import report
+from report import results as report
 
 from .attention_oom import DEFAULT
 
