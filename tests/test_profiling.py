@@ -327,7 +327,7 @@ def _oom_rows(root, split_32k_runs: bool):
 
 
 def test_oom_note_says_not_measured_until_the_checks_have_rows(tmp_path, monkeypatch):
-    from cs336_systems import report
+    from report import results as report
     from cs336_systems.profiling import oom_note
 
     monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
@@ -339,7 +339,7 @@ def test_oom_note_says_not_measured_until_the_checks_have_rows(tmp_path, monkeyp
 @pytest.mark.parametrize("split_runs, verdict", [(True, "checks agree with the hypothesis"),
                                                  (False, "does not explain the OOM")])
 def test_oom_note_reports_each_check_and_its_verdict(tmp_path, monkeypatch, split_runs, verdict):
-    from cs336_systems import report
+    from report import results as report
     from cs336_systems.profiling import oom_note
 
     monkeypatch.setattr(report, "RESULTS_ROOT", tmp_path)
@@ -357,7 +357,7 @@ def test_oom_note_reports_each_check_and_its_verdict(tmp_path, monkeypatch, spli
 def test_remeasured_rows_pair_each_cells_first_and_newest_run_with_the_newest_clock_record(tmp_path, monkeypatch):
     import json
 
-    from cs336_systems import report
+    from report import results as report
     from cs336_systems.bench.store import results_path
     from cs336_systems.profiling.remeasured import remeasured_rows, remeasured_table
 
@@ -390,7 +390,7 @@ def test_attribution_note_follows_the_rows_from_marked_cells_to_rechecked_ones(t
     import json
     import shutil
 
-    from cs336_systems import report
+    from report import results as report
     from cs336_systems.profiling import tables
     from cs336_systems.profiling.attribution_note import attribution_note
     from cs336_systems.profiling.kernel_attribution import ATTRIBUTION
