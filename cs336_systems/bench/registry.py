@@ -17,6 +17,8 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {
+    # The machine's ceilings (matmul rate, copy bandwidth): every "% of peak" on the site uses them
+    "ceilings": Benchmark("cs336_systems.bench.ceilings", "dense matmul TFLOP/s per dtype and copy TB/s"),
     # Part 1: profiling, mixed precision, memory (docs/profiling.md, mixed-precision.md, memory.md)
     "model": Benchmark("cs336_systems.profiling.benchmark",
                        "one end-to-end run of the LM: --size, --mode, --dtype, --compile, ...", gpu=False),
