@@ -9,7 +9,7 @@ import torch
 from cs336_systems.model import TransformerLM, count_parameters, cross_entropy, get_config
 from cs336_systems.sharding import accounting as acc
 
-# -- ZeRO bytes per parameter (ANCHORS.md) and communication volume -------------------------------
+# -- ZeRO bytes per parameter (Rajbhandari et al. 2020, table 1) and communication volume -------------------------------
 
 @pytest.mark.parametrize("N", [1, 2, 8, 64])
 def test_zero_bytes_per_parameter_match_the_paper(N):
@@ -34,7 +34,7 @@ def test_communication_volume():
 
 def test_fp32_memory_breakdown_of_a_preset():
     cfg = get_config("small")
-    P = 128_625_408  # SPEC.md section 1
+    P = 128_625_408  # the handout's small model: 128,625,408 parameters
     m = acc.memory_per_rank(count_parameters(cfg)["total"], 2, "sharded", acc.FP32_ADAMW)
     assert (m.params, m.grads, m.optimizer_state) == (4 * P, 4 * P, 8 * P / 2)
 

@@ -5,7 +5,8 @@
 3. inside attention: the score matmul, the softmax, the output matmul, via an annotated attention
    swapped into every layer with `model.use_attention`.
 
-Nsight Systems cannot run on our GPU machine (SPEC.md section 4), so the numbers on the site come
+Nsight Systems cannot run on the GPU machine these results were measured on (no `nsys` there,
+and the bundled one cannot write a report), so the numbers on the site come
 from the torch.profiler mode; the NVTX ranges stay for anyone who has `nsys`.
 """
 
