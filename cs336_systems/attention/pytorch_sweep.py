@@ -11,14 +11,13 @@ Results: results/attention/pytorch_attention/.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
 import torch
 
-from cs336_systems.bench.store import NotOurResultsFile, ResultStore
+from cs336_systems.bench.cli import Parser, at_least, check_cuda, csv_of, open_store, positive
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.model import naive_attention
 from cs336_systems.profiling.budget import run_budgeted
@@ -93,31 +92,24 @@ def measure(attn, batch: int, seq: int, d: int, *, steps: int, warmup: int, devi
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="attention", description=__doc__.splitlines()[0])
-    ints = lambda s: [int(t) for t in s.split(",") if t]  # noqa: E731
-    p.add_argument("--ds", type=ints, default=[16, 32, 64, 128])
-    p.add_argument("--seqs", type=ints, default=[256, 1024, 4096, 8192, 16384])
-    p.add_argument("--probe-seqs", type=ints, default=[32768, 65536], help="extra seqs at --probe-d")
-    p.add_argument("--probe-d", type=int, default=64)
-    p.add_argument("--impls", default="eager,compiled")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=3)
+    p = Parser(prog="attention", description=__doc__.splitlines()[0])
+    p.add_argument("--ds", type=csv_of(at_least(1)), default=[16, 32, 64, 128])
+    p.add_argument("--seqs", type=csv_of(at_least(1)), default=[256, 1024, 4096, 8192, 16384])
+    p.add_argument("--probe-seqs", type=csv_of(at_least(1), allow_empty=True), default=[32768, 65536],
+                   help="extra seqs at --probe-d ('' for none)")
+    p.add_argument("--probe-d", type=at_least(1), default=64)
+    p.add_argument("--impls", type=csv_of(choices=["eager", "compiled"]), default=["eager", "compiled"])
+    p.add_argument("--batch", type=at_least(1), default=8)
+    p.add_argument("--steps", type=at_least(1), default=100)
+    p.add_argument("--warmup", type=at_least(0), default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--results-dir", type=Path, default=None)
-    p.add_argument("--budget-s", type=float, default=None)
+    p.add_argument("--budget-s", type=positive(float), default=None)
     args = p.parse_args(argv)
-    impls = args.impls.split(",")
-    if any(i not in ("eager", "compiled") for i in impls):
-        p.error(f"--impls takes eager and/or compiled, got {args.impls!r}")
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda, but no CUDA device is available")
-    try:
-        store = ResultStore("attention/pytorch_attention", KEY, root=args.results_dir,
-                            device="cpu" if torch.device(args.device).type != "cuda" else None)
-        store.rows()
-    except NotOurResultsFile as exc:
-        p.error(str(exc))
+    impls = args.impls
+    check_cuda(p, args.device)
+    store = open_store(p, "attention/pytorch_attention", KEY, root=args.results_dir,
+                       device="cpu" if torch.device(args.device).type != "cuda" else None)
     grid = [(d, s) for d in args.ds for s in args.seqs]
     probes = [(args.probe_d, s) for s in args.probe_seqs]  # eager only: where does memory run out?
     cells = [{"impl": i, "batch": args.batch, "d": d, "seq": s} for i in impls for d, s in grid]
@@ -136,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         out["device_total_mib"] = capacity / MIB if capacity else None
         return out
 
-    done = run_budgeted(store, cells, run, budget_s=args.budget_s, desc="attention sweep")
-    return 0 if done else 3
+    return run_budgeted(store, cells, run, budget_s=args.budget_s, desc="attention sweep")
 
 
 if __name__ == "__main__":

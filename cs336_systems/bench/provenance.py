@@ -39,26 +39,36 @@ def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# Changes under results/ are rows that earlier runs wrote, not code: they do not make the tree dirty.
+_CODE_PATHSPEC = (":(top)", ":(top,exclude)results")
+
+
 @functools.cache
 def git_commit() -> str:
-    """The commit the code came from. The GPU machine gets a copy of the tree without .git, so the
-    launcher passes the commit in CS336_GIT_COMMIT."""
+    """The commit the code came from, with '-dirty' if tracked files outside results/ differ from it.
+
+    The GPU machine gets a copy of the tree whose .git may be stale, so the launcher passes the
+    commit in CS336_GIT_COMMIT, and that is trusted as given."""
     if env := os.environ.get("CS336_GIT_COMMIT"):
         return env
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
+            capture_output=True, text=True, timeout=5, check=True, cwd=here,
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *_CODE_PATHSPEC],
+            capture_output=True, text=True, timeout=5, check=True, cwd=here,
         ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def traceable(commit: str) -> bool:
+    """Whether rows stamped with `commit` can be traced to code someone can check out."""
+    return commit != "unknown" and not commit.endswith("-dirty")
 
 
 def provenance(device: str | torch.device | None = None) -> dict[str, str]:

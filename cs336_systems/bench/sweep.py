@@ -1,4 +1,8 @@
-"""Run a grid of benchmark cells into a ResultStore: resumable, OOM-tolerant, with progress."""
+"""Run a grid of benchmark cells into a ResultStore: resumable, OOM-tolerant, with progress.
+
+Exit codes of the sweeps: 0 every cell done, 1 some cell ended in "error" (so `just bench-all`
+reports the failure), 3 stopped early by a time budget (re-run to resume).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,23 @@ from tqdm.auto import tqdm
 from .store import ResultStore
 
 Cell = Mapping[str, Any]
+EXIT_OK, EXIT_FAILED, EXIT_INCOMPLETE = 0, 1, 3
+
+
+def worst(*codes: int) -> int:
+    """The exit code of several sweeps: a failure outranks an early stop, which outranks success."""
+    return max(codes, key=[EXIT_OK, EXIT_INCOMPLETE, EXIT_FAILED].index, default=EXIT_OK)
+
+
+def exit_code(rows: Iterable[Mapping[str, Any]], bench: str = "sweep") -> int:
+    """EXIT_FAILED (with one line on stderr) if any of `rows` ended in "error", else EXIT_OK."""
+    rows = list(rows)
+    failed = [r for r in rows if r.get("status") == "error"]
+    if not failed:
+        return EXIT_OK
+    print(f"[{bench}] {len(failed)} of {len(rows)} cells failed; first: {failed[0].get('error')}",
+          file=sys.stderr)
+    return EXIT_FAILED
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -31,19 +52,23 @@ def free_memory() -> None:
 
 
 def run_sweep(store: ResultStore, cells: Iterable[Cell], measure: Callable[[Cell], Mapping[str, Any]],
-              *, desc: str | None = None, fail_fast: bool = False) -> list[dict[str, Any]]:
+              *, desc: str | None = None, fail_fast: bool = False,
+              written: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Measure every cell not already in `store`, appending one row per cell as it finishes.
 
     `measure(cell)` returns the metrics dict. An OOM becomes a row with status "oom" (a result,
     not a crash); any other exception becomes status "error" with its message, and the sweep goes on
-    (unless fail_fast). Returns the rows written by this call.
+    (unless fail_fast). Returns the rows written by this call; exit_code(rows) turns them into
+    the process's exit status. Rows also go into `written` if given, so a caller that stops the
+    sweep with an exception still has them.
     """
+    store.check_writable()  # refuse before measuring anything, not after the first cell
     cells = list(cells)
     todo = [c for c in cells if not store.has(c)]
     if len(todo) < len(cells):
         print(f"[{store.bench}] {len(cells) - len(todo)} of {len(cells)} cells already in "
               f"{store.path}; measuring the other {len(todo)}", file=sys.stderr)
-    written = []
+    written = [] if written is None else written
     bar = tqdm(todo, desc=desc or store.bench, unit="cell", file=sys.stderr, dynamic_ncols=True)
     for cell in bar:
         bar.set_postfix_str(", ".join(f"{k}={cell[k]}" for k in store.key), refresh=False)

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from cs336_systems.bench.cli import Parser, at_least, csv_of, positive
+from cs336_systems.bench.sweep import EXIT_INCOMPLETE, exit_code
 from cs336_systems.bench.timing import synchronize
 
 from .budget import check_device, open_store
@@ -115,41 +117,40 @@ def run_child(cell: dict, iterations: int, device: str, timeout_s: float) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="attention-oom", description=__doc__.splitlines()[0])
-    ints = lambda s: [int(t) for t in s.split(",") if t]  # noqa: E731
-    p.add_argument("--seqs", type=ints, default=[16384, 32768])
-    p.add_argument("--alloc-confs", type=lambda s: [t for t in s.split(",") if t],
-                   default=[DEFAULT, "max_split_size_mb:1024"],
+    p = Parser(prog="attention-oom", description=__doc__.splitlines()[0])
+    p.add_argument("--seqs", type=csv_of(at_least(1)), default=[16384, 32768])
+    p.add_argument("--alloc-confs", type=csv_of(), default=[DEFAULT, "max_split_size_mb:1024"],
                    help=f"PYTORCH_CUDA_ALLOC_CONF values, {DEFAULT!r} for unset (comma-separated)")
-    p.add_argument("--d", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--iterations", type=int, default=3, help="forward+backward passes (the sweep's warm-up: 3)")
+    p.add_argument("--d", type=at_least(1), default=64)
+    p.add_argument("--batch", type=at_least(1), default=8)
+    p.add_argument("--iterations", type=at_least(1), default=3,
+                   help="forward+backward passes (the sweep's warm-up: 3)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--results-dir", type=Path, default=None)
-    p.add_argument("--budget-s", type=float, default=None, help="start no new cell after this many seconds")
-    p.add_argument("--child-timeout-s", type=float, default=180.0)
+    p.add_argument("--budget-s", type=positive(float), default=None,
+                   help="start no new cell after this many seconds")
+    p.add_argument("--child-timeout-s", type=positive(float), default=180.0)
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(probe(**json.loads(args.child))))
         return 0
-    if args.iterations < 1 or args.d < 1 or args.batch < 1 or not args.seqs or min(args.seqs) < 1:
-        p.error("need --iterations, --d, --batch and every --seqs value >= 1")
     check_device(p, args)
     store = open_store(p, "attention/oom_checks", KEY, args)
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
     cells = [{"batch": args.batch, "d": args.d, "seq": s, "alloc_conf": c} for s in args.seqs for c in args.alloc_confs]
+    written = []
     for cell in cells:
         if store.has(cell):
             continue
         if deadline is not None and time.monotonic() > deadline:
             print("[attention-oom] time budget spent; re-run the same command to resume", file=sys.stderr)
-            return 3
+            return exit_code(written, "attention-oom") or EXIT_INCOMPLETE
         status, metrics = run_child(cell, args.iterations, args.device, args.child_timeout_s)
-        store.append(cell, {**metrics, "iterations_asked": args.iterations}, status=status,
-                     error=metrics.get("error_tail"))
+        written.append(store.append(cell, {**metrics, "iterations_asked": args.iterations},
+                                    status=status, error=metrics.get("error_tail")))
         print(f"[attention-oom] seq {cell['seq']}, {cell['alloc_conf']}: {status}", file=sys.stderr)
-    return 0
+    return exit_code(written, "attention-oom")
 
 
 if __name__ == "__main__":

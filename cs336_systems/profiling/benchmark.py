@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from cs336_systems.bench.cli import Parser, check_cuda, open_store
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.bench.provenance import device_name
-from cs336_systems.bench.store import DEFAULT_ROOT, NotOurResultsFile, ResultStore
+from cs336_systems.bench.store import DEFAULT_ROOT
 from cs336_systems.bench.sweep import is_oom
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.model import count_parameters, flops_per_token, get_config, use_attention
@@ -97,16 +98,8 @@ def _null():
     return contextlib.nullcontext()
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (`model: error: ...`) and exit 2."""
-
-    def error(self, message: str):  # noqa: D401
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise SystemExit(2)
-
-
-def build_parser() -> _Parser:
-    p = _Parser(prog="model", description=__doc__.splitlines()[0])
+def build_parser() -> Parser:
+    p = Parser(prog="model", description=__doc__.splitlines()[0])
     sizes = [*PRESETS, *PRESETS_EXTRA]
     p.add_argument("--size", default="small", help=f"preset: {', '.join(sizes)} (default small)")
     for name in ("vocab-size", "d-model", "num-layers", "num-heads", "d-ff"):
@@ -131,7 +124,7 @@ def build_parser() -> _Parser:
     return p
 
 
-def parse_config(p: _Parser, args: argparse.Namespace) -> ModelConfig:
+def parse_config(p: Parser, args: argparse.Namespace) -> ModelConfig:
     """The model config from --size plus any explicit hyperparameter; errors are one line."""
     try:
         cfg = get_config(args.size)
@@ -140,12 +133,15 @@ def parse_config(p: _Parser, args: argparse.Namespace) -> ModelConfig:
                      if getattr(args, k) is not None}
         if args.context_length is not None:
             overrides["context_length"] = args.context_length
+        for name, value in overrides.items():
+            if not value > 0:
+                p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
         return ModelConfig(**{**cfg.as_dict(), **overrides})
     except ValueError as exc:
         p.error(str(exc))
 
 
-def validate(p: _Parser, args: argparse.Namespace) -> None:
+def validate(p: Parser, args: argparse.Namespace) -> None:
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
     if args.warmup < 0:
@@ -162,12 +158,12 @@ def validate(p: _Parser, args: argparse.Namespace) -> None:
         p.error(f"--profile must be nvtx or torch, got {args.profile!r}")
     if args.profile and args.attention != "naive":
         p.error("--profile annotates the naive attention; use it with --attention naive")
-    try:
-        dev = torch.device(args.device)
-    except RuntimeError:
-        p.error(f"--device {args.device!r} is not a device")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda, but no CUDA device is available")
+    if args.trace and args.profile != "torch":
+        p.error("--trace names the Chrome trace of --profile torch; add --profile torch")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        p.error(f"--peak-tflops must be > 0, got {args.peak_tflops}")
+    check_cuda(p, args.device)
+    dev = torch.device(args.device)
     if args.dtype == "bf16" and not bf16_supported(dev):
         p.error(f"--dtype bf16: this {dev.type} does not support bf16 autocast")
     if args.memory_snapshot and dev.type != "cuda":
@@ -188,12 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     validate(p, args)
     cfg = parse_config(p, args)
-    try:  # open the store before measuring, so a foreign file fails fast and nothing is written
-        store = ResultStore(BENCH, KEY, device=None if args.device.startswith("cuda") else "cpu",
-                            root=args.results_dir)
-        store.rows()
-    except NotOurResultsFile as exc:
-        p.error(str(exc).splitlines()[0])
+    # Open the store before measuring, so a foreign file or uncommitted code fails fast, writing nothing.
+    store = open_store(p, BENCH, KEY, device=None if args.device.startswith("cuda") else "cpu",
+                       root=args.results_dir)
     row = config_row(args, cfg)
     try:
         metrics = run(args, cfg)

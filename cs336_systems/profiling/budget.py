@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from cs336_systems.bench.store import NotOurResultsFile, ResultStore
-from cs336_systems.bench.sweep import run_sweep
+from cs336_systems.bench import cli
+from cs336_systems.bench.store import ResultStore
+from cs336_systems.bench.sweep import EXIT_INCOMPLETE, exit_code, run_sweep
 from cs336_systems.model import get_config
 
 from .steps import build_model
@@ -32,10 +33,11 @@ class OutOfTime(KeyboardInterrupt):
 
 def run_budgeted(store: ResultStore, cells: Iterable[Mapping[str, Any]],
                  measure: Callable[[Mapping[str, Any]], Mapping[str, Any]], *,
-                 budget_s: float | None, desc: str | None = None) -> bool:
+                 budget_s: float | None, desc: str | None = None) -> int:
     """run_sweep, stopping before any cell that would start after `budget_s` seconds.
 
-    Returns True when every cell is done, False when the budget ran out first.
+    Returns the exit code: EXIT_OK when every cell is done, EXIT_FAILED when a cell ended in
+    "error", EXIT_INCOMPLETE when the budget ran out first (bench.sweep).
     """
     deadline = time.monotonic() + budget_s if budget_s else None
 
@@ -44,13 +46,14 @@ def run_budgeted(store: ResultStore, cells: Iterable[Mapping[str, Any]],
             raise OutOfTime
         return measure(cell)
 
+    written: list = []
     try:
-        run_sweep(store, cells, guarded, desc=desc)
+        written = run_sweep(store, cells, guarded, desc=desc, written=written)
     except OutOfTime:
         print(f"[{store.bench}] time budget of {budget_s:.0f} s spent; re-run the same command to "
               f"resume", file=sys.stderr)
-        return False
-    return True
+        return exit_code(written, store.bench) or EXIT_INCOMPLETE
+    return exit_code(written, store.bench)
 
 
 class ModelCache:
@@ -73,14 +76,10 @@ class ModelCache:
 
 
 def open_store(p: argparse.ArgumentParser, bench: str, key: Iterable[str], args) -> ResultStore:
-    """The store of `bench` on this device (cpu slug for a CPU run); a foreign file is a CLI error."""
+    """The store of `bench` on this device (cpu slug for a CPU run); a foreign file, or committed
+    results from uncommitted code, is a one-line CLI error."""
     device = "cpu" if torch.device(args.device).type != "cuda" else None
-    try:
-        store = ResultStore(bench, key, device=device, root=args.results_dir)
-        store.rows()
-        return store
-    except NotOurResultsFile as exc:
-        p.error(str(exc))
+    return cli.open_store(p, bench, key, device=device, root=args.results_dir)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -88,19 +87,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--results-dir", type=Path, default=None, help="results root (default: results/)")
-    p.add_argument("--budget-s", type=float, default=None,
+    p.add_argument("--budget-s", type=cli.positive(float), default=None,
                    help="start no new cell after this many seconds (re-run to resume)")
 
 
 def check_device(p: argparse.ArgumentParser, args) -> None:
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda, but no CUDA device is available")
-
-
-def csv_list(kind=str):
-    def parse(text: str):
-        try:
-            return [kind(t) for t in text.split(",") if t]
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-    return parse
+    cli.check_cuda(p, args.device)

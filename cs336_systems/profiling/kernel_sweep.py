@@ -16,15 +16,18 @@ import uuid
 
 import torch
 
+from cs336_systems.bench.cli import Parser, at_least, csv_of
 from cs336_systems.model import get_config
-from cs336_systems.model.config import PRESETS
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
-from .budget import ModelCache, add_common, check_device, csv_list, open_store, run_budgeted
+from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
+from .steps import DTYPES, MODES
 from .kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from .nvtx import ATTENTION_REGIONS, PHASES
 from .torch_profile import profile_step
 
 CELL_KEY = ["size", "context", "mode", "dtype"]
+SIZES = [*PRESETS, *PRESETS_EXTRA]
 KERNEL_KEY = [*CELL_KEY, "phase", "region", "kernel"]
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 CPU_ATTRIBUTION = "cpu-self-time"  # CPU runs: each op's self CPU time stands in for kernels
@@ -73,32 +76,33 @@ def parse_cells(text: str) -> list[tuple[str, int]]:
     out = []
     for item in filter(None, text.split(",")):
         size, sep, ctx = item.partition(":")
-        if not sep or not ctx.isdigit():
-            raise argparse.ArgumentTypeError(f"cells are SIZE:CONTEXT, comma-separated; got {item!r}")
+        if not sep or not ctx.isdigit() or int(ctx) < 1:
+            raise argparse.ArgumentTypeError(f"cells are SIZE:CONTEXT (CONTEXT >= 1), comma-separated; "
+                                             f"got {item!r}")
+        if size not in SIZES:
+            raise argparse.ArgumentTypeError(f"unknown size {size!r} in {item!r}; expected one of "
+                                             f"{', '.join(SIZES)}")
         out.append((size, int(ctx)))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kernels", description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", type=csv_list(), default=list(PRESETS))
-    p.add_argument("--contexts", type=csv_list(int), default=[128, 256, 512, 1024])
-    p.add_argument("--mode", default="train")
-    p.add_argument("--dtype", default="fp32")
+    p = Parser(prog="kernels", description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=csv_of(choices=SIZES), default=list(PRESETS))
+    p.add_argument("--contexts", type=csv_of(at_least(1)), default=[128, 256, 512, 1024])
+    p.add_argument("--mode", default="train", choices=MODES)
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     p.add_argument("--cells", type=parse_cells, default=None,
                    help="SIZE:CONTEXT,... in this order, instead of --sizes x --contexts")
     p.add_argument("--redo-stale", action="store_true",
                    help="measure again cells whose newest row predates the current attribution")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=at_least(0), default=2)
     add_common(p)
     args = p.parse_args(argv)
     check_device(p, args)
     pairs = args.cells if args.cells is not None else [(s, c) for s in args.sizes for c in args.contexts]
-    for s in {s for s, _ in pairs}:
-        try:
-            get_config(s)
-        except ValueError as exc:
-            p.error(str(exc))
+    if not pairs:
+        p.error("--cells: expected at least one SIZE:CONTEXT")
     cells_store = open_store(p, "profiling/kernel_cells", CELL_KEY, args)
     kernel_store = open_store(p, "profiling/kernels", KERNEL_KEY, args)
     cells = [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4} for s, c in pairs]
@@ -123,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         model.zero_grad(set_to_none=True)
         return {**summarize(rows, totals), "cell_run": run_id}
 
-    done = run_budgeted(cells_store, cells, run, budget_s=args.budget_s, desc="kernel tables")
-    return 0 if done else 3
+    return run_budgeted(cells_store, cells, run, budget_s=args.budget_s, desc="kernel tables")
 
 
 if __name__ == "__main__":

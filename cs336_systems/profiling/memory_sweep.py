@@ -18,12 +18,14 @@ from pathlib import Path
 
 import torch
 
+from cs336_systems.bench.cli import Parser, at_least, csv_of
 from cs336_systems.model import get_config
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
-from .budget import ModelCache, add_common, check_device, csv_list, open_store, run_budgeted
+from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
 from .memory import (MIB, allocations_of_size, largest_allocations, load_snapshot, phase_marker,
                      record_snapshot, render_timeline, residual_stream_bytes)
-from .steps import make_optimizer, make_step, phase_ranges, random_batch
+from .steps import DTYPES, MODES, make_optimizer, make_step, phase_ranges, random_batch
 
 KEY = ["size", "context", "mode", "dtype"]
 
@@ -85,23 +87,32 @@ def analyse_snapshot(cell, snapshot_path: Path, png_dir: Path, largest_store, re
     return {f"timeline_{k}": v for k, v in summary.items()} | {"png": f"{name}.png"}
 
 
+def snapshot_cell(text: str) -> str:
+    """argparse type: CONTEXT/MODE/DTYPE, e.g. 512/train/fp32."""
+    context, mode, dtype = (text.split("/") + ["", "", ""])[:3]
+    if not (context.isdigit() and int(context) >= 1 and mode in MODES and dtype in DTYPES
+            and text.count("/") == 2):
+        raise argparse.ArgumentTypeError(f"expected CONTEXT/MODE/DTYPE like 512/train/fp32 (modes "
+                                         f"{', '.join(MODES)}; dtypes {', '.join(DTYPES)}), got {text!r}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="memory", description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="2.7B")
-    p.add_argument("--contexts", type=csv_list(int), default=[128, 256, 512])
-    p.add_argument("--modes", type=csv_list(), default=["forward", "train"])
-    p.add_argument("--dtypes", type=csv_list(), default=["fp32", "bf16"])
-    p.add_argument("--snapshot-cells", type=csv_list(), default=["512/forward/fp32", "512/train/fp32"],
+    p = Parser(prog="memory", description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="2.7B", choices=[*PRESETS, *PRESETS_EXTRA])
+    p.add_argument("--contexts", type=csv_of(at_least(1)), default=[128, 256, 512])
+    p.add_argument("--modes", type=csv_of(choices=MODES), default=["forward", "train"])
+    p.add_argument("--dtypes", type=csv_of(choices=list(DTYPES)), default=["fp32", "bf16"])
+    p.add_argument("--snapshot-cells", type=csv_of(snapshot_cell, allow_empty=True),
+                   default=["512/forward/fp32", "512/train/fp32"],
                    help="context/mode/dtype cells that also record a snapshot")
     p.add_argument("--png-dir", type=Path, default=Path("docs/img/memory"))
-    p.add_argument("--snapshot-dir", type=Path, default=Path(tempfile.gettempdir()) / "cs336-snapshots")
+    p.add_argument("--snapshot-dir", type=Path, default=None,
+                   help="where the snapshot pickles go while they are analysed (default: a private "
+                        "temporary directory, removed at the end)")
     add_common(p)
     args = p.parse_args(argv)
     check_device(p, args)
-    try:
-        get_config(args.size)
-    except ValueError as exc:
-        p.error(str(exc))
     cuda = torch.device(args.device).type == "cuda"
     peaks = open_store(p, "memory/peaks", KEY, args)
     largest = open_store(p, "memory/largest", [*KEY, "rank"], args)
@@ -110,24 +121,34 @@ def main(argv: list[str] | None = None) -> int:
              for c in args.contexts for d in args.dtypes for m in args.modes]
     snap_cells = set(args.snapshot_cells)
     models = ModelCache(args.device)
+    # A private directory (mode 0700, a fresh name) rather than a fixed shared path: no other user
+    # can plant or read the pickles we load.
+    with tempfile.TemporaryDirectory(prefix="cs336-snapshots-") as private:
+        snapshot_dir = args.snapshot_dir or Path(private)
 
-    def run(cell):
-        model = models.get(cell["size"], max(args.contexts))
-        tag = f"{cell['context']}/{cell['mode']}/{cell['dtype']}"
-        path = args.snapshot_dir / f"{tag.replace('/', '-')}.pickle" if cuda and tag in snap_cells else None
-        out = measure_cell(model, cell, args.device, path)
-        if path is not None:
-            try:
-                out |= analyse_snapshot(cell, path, args.png_dir, largest, residual)
-            except Exception as exc:  # noqa: BLE001 - keep the peak even if the analysis breaks
-                traceback.print_exc()
-                out["snapshot_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            finally:
-                path.unlink(missing_ok=True)  # pickles are large; the PNG and tables are what we keep
-        return out
+        def run(cell):
+            tag = f"{cell['context']}/{cell['mode']}/{cell['dtype']}"
+            return measure_with_snapshot(cell, args, models, snapshot_dir, largest, residual,
+                                         snap=cuda and tag in snap_cells)
 
-    done = run_budgeted(peaks, cells, run, budget_s=args.budget_s, desc="2.7B memory")
-    return 0 if done else 3
+        return run_budgeted(peaks, cells, run, budget_s=args.budget_s, desc="2.7B memory")
+
+
+def measure_with_snapshot(cell, args, models: ModelCache, snapshot_dir: Path, largest, residual, *,
+                          snap: bool) -> dict:
+    """One cell's peaks; for a snapshot cell also its timeline and tables (the pickle is removed)."""
+    model = models.get(cell["size"], max(args.contexts))
+    path = snapshot_dir / f"{cell['context']}-{cell['mode']}-{cell['dtype']}.pickle" if snap else None
+    out = measure_cell(model, cell, args.device, path)
+    if path is not None:
+        try:
+            out |= analyse_snapshot(cell, path, args.png_dir, largest, residual)
+        except Exception as exc:  # noqa: BLE001 - keep the peak even if the analysis breaks
+            traceback.print_exc()
+            out["snapshot_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            path.unlink(missing_ok=True)  # pickles are large; the PNG and tables are what we keep
+    return out
 
 
 if __name__ == "__main__":

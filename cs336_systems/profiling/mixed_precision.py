@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -16,8 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from cs336_systems.bench.cli import Parser, check_cuda, open_store
 from cs336_systems.bench.provenance import device_slug
-from cs336_systems.bench.store import DEFAULT_ROOT, NotOurResultsFile, ResultStore
+from cs336_systems.bench.store import DEFAULT_ROOT
 
 N_ADDS = 1000
 ADDEND = 0.01
@@ -147,20 +147,16 @@ def autocast_rows(device: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="accumulation", description=__doc__.splitlines()[0])
+    p = Parser(prog="accumulation", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--results-dir", type=Path, default=None, help=f"results root (default {DEFAULT_ROOT})")
     args = p.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("--device cuda, but no CUDA device is available")
+    check_cuda(p, args.device)
     slug = device_slug(args.device)
-    try:
-        acc = ResultStore("mixed-precision/accumulation", ["loop", "device_type"], device=slug, root=args.results_dir)
-        dts = ResultStore("mixed-precision/autocast_dtypes", ["device_type", "autocast", "tensor"],
-                          device=slug, root=args.results_dir)
-        acc.rows(), dts.rows()
-    except NotOurResultsFile as exc:
-        p.error(str(exc))
+    acc = open_store(p, "mixed-precision/accumulation", ["loop", "device_type"], device=slug,
+                     root=args.results_dir)
+    dts = open_store(p, "mixed-precision/autocast_dtypes", ["device_type", "autocast", "tensor"],
+                     device=slug, root=args.results_dir)
     devices = [args.device] + (["cpu"] if args.device != "cpu" else [])
     for dev in devices:
         for row in accumulation_rows(dev):

@@ -24,20 +24,23 @@ import timeit
 
 import torch
 
+from cs336_systems.bench.cli import Parser, at_least, csv_of
+from cs336_systems.bench.sweep import worst
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.model import get_config
-from cs336_systems.model.config import PRESETS
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
 from .benchmark import measure
-from .budget import ModelCache, add_common, check_device, csv_list, open_store, run_budgeted
+from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
 from .clocks import ClockSampler
-from .steps import build_model, make_optimizer, make_step, random_batch
+from .steps import DTYPES, MODES, build_model, make_optimizer, make_step, random_batch
 
 SIZES = list(PRESETS)
+ALL_SIZES = [*PRESETS, *PRESETS_EXTRA]
 PARTS = ("timings", "warmup", "compile")
 
 
-def timings(p, args) -> bool:
+def timings(p, args) -> int:
     store = open_store(p, "end-to-end/timings", ["size", "context", "mode", "dtype", "warmup", "steps"], args)
     cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d,
               "warmup": args.warmup, "steps": args.steps, "compile": False}
@@ -96,7 +99,7 @@ def warmup_stats(step_ms: list[float], warmup: int, steps: int = 10) -> dict[str
 # --8<-- [end:warmup_stats]
 
 
-def warmup(p, args) -> bool:
+def warmup(p, args) -> int:
     store = open_store(p, "end-to-end/warmup", ["size", "context", "mode", "dtype"], args)
     n = args.steps + 2
     cells = [{"size": s, "context": args.context, "mode": m, "dtype": "fp32", "trace_steps": n}
@@ -118,7 +121,7 @@ def warmup(p, args) -> bool:
     return run_budgeted(store, cells, run, budget_s=args.budget_s, desc="warm-up study")
 
 
-def compile_part(p, args) -> bool:
+def compile_part(p, args) -> int:
     store = open_store(p, "end-to-end/compile", ["size", "context", "mode", "dtype", "compile"], args)
     cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d, "compile": c,
               "warmup": args.warmup, "steps": args.steps}
@@ -142,16 +145,16 @@ def compile_part(p, args) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="end-to-end", description=__doc__.splitlines()[0])
+    p = Parser(prog="end-to-end", description=__doc__.splitlines()[0])
     p.add_argument("--part", action="append", choices=PARTS, help="which part(s); default all")
-    p.add_argument("--sizes", type=csv_list(), default=SIZES)
-    p.add_argument("--modes", type=csv_list(), default=["forward", "forward-backward", "train"])
-    p.add_argument("--dtypes", type=csv_list(), default=["fp32", "bf16"])
-    p.add_argument("--compile-sizes", type=csv_list(), default=["small", "medium", "large"])
-    p.add_argument("--compile-dtypes", type=csv_list(), default=["fp32"])
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--sizes", type=csv_of(choices=ALL_SIZES), default=SIZES)
+    p.add_argument("--modes", type=csv_of(choices=MODES), default=list(MODES))
+    p.add_argument("--dtypes", type=csv_of(choices=list(DTYPES)), default=["fp32", "bf16"])
+    p.add_argument("--compile-sizes", type=csv_of(choices=ALL_SIZES), default=["small", "medium", "large"])
+    p.add_argument("--compile-dtypes", type=csv_of(choices=list(DTYPES)), default=["fp32"])
+    p.add_argument("--context", type=at_least(1), default=512)
+    p.add_argument("--warmup", type=at_least(0), default=5)
+    p.add_argument("--steps", type=at_least(2), default=10, help="measured steps (>= 2: a std needs two)")
     p.add_argument("--record-clocks", action="store_true",
                    help="timings: sample GPU clocks/power/temperature per cell (nvidia-smi); re-measure "
                         "cells stored without them")
@@ -162,17 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(warmup_trace(**json.loads(args.child))))
         return 0
     check_device(p, args)
-    for s in {*args.sizes, *args.compile_sizes}:
-        try:
-            get_config(s)
-        except ValueError as exc:
-            p.error(str(exc))
-    if args.steps < 2 or args.warmup < 0 or args.context < 1:
-        p.error("need --steps >= 2, --warmup >= 0, --context >= 1")
-    done = True
-    for part in args.part or PARTS:
-        done &= {"timings": timings, "warmup": warmup, "compile": compile_part}[part](p, args)
-    return 0 if done else 3
+    parts = {"timings": timings, "warmup": warmup, "compile": compile_part}
+    return worst(*(parts[part](p, args) for part in args.part or PARTS))
 
 
 if __name__ == "__main__":
