@@ -74,7 +74,7 @@ def require_gpu(ap: argparse.ArgumentParser) -> None:
 def dkdv_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stages, tma, no_tail):
     """A closure launching `kernel` as `flash_launch.launch_dkdv` does, passing only the
     constexprs this version declares."""
-    from .flash_launch import _bwd_args, _cdiv, _descriptors, _shape
+    from .flash_launch import _bwd_args, _cdiv, _descriptors, _shape, dot_precision
     from .triton_loader import next_power_of_2
 
     Z, H, n_q, n_k, d = _shape(q, k)
@@ -82,7 +82,7 @@ def dkdv_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stages, 
     strides, sizes = _bwd_args(q, k, v, do, L, delta)
     ins = _descriptors(q, k, v, do, block_m, block_n) if tma else (q, k, v, do)
     const = dict(CAUSAL=True, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)), BLOCK_M=block_m,
-                 BLOCK_N=block_n, TMA=tma, NO_TAIL=no_tail)
+                 BLOCK_N=block_n, TMA=tma, NO_TAIL=no_tail, INPUT_PRECISION=dot_precision(q.dtype))
     const = {key: val for key, val in const.items() if key in kernel.arg_names}
 
     def run():

@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 
 KERNEL_FILE = Path(__file__).with_name("flash_bwd_onepass_kernel.py")
-DQ_LINE = "        dq = tl.dot(tl.trans(dsT), k) * sm_scale"
+DQ_LINE = "        dq = tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION) * sm_scale"
 ADD_START = "        if DQ_TMA:"
 ADD_END = "    return dk, dv\n"
 NEVER = "        if n_keys < 0:  # ablation: never true, not known at compile time\n"
-DV_LINE = "        dv = tl.dot(pT.to(do.dtype), do, dv)\n"
-DP_LINE = "        dpT = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)\n"
+DV_LINE = "        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)\n"
+DP_LINE = "        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)\n"
 EXP_LINE = "        pT = tl.math.exp2("
 VARIANTS = ("full", "no_add", "no_dq", "dp_first")
 DTYPE = torch.bfloat16  # the leaderboard's (the interpreter test uses fp32)

@@ -19,6 +19,7 @@ import time
 import torch
 
 from .configs import BwdConfig, FwdConfig
+from .flash_launch import dot_precision
 from .triton_loader import next_power_of_2
 
 SMEM_LIMIT = 232448  # bytes a Hopper program may use (227 KB)
@@ -76,7 +77,8 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
     from . import flash_fwd_kernel as F
 
     p = _PTR[dtype]
-    common = dict(CAUSAL=causal, HEAD_DIM=head_dim, HEAD_DIM_PAD=next_power_of_2(max(head_dim, 16)))
+    common = dict(CAUSAL=causal, HEAD_DIM=head_dim, HEAD_DIM_PAD=next_power_of_2(max(head_dim, 16)),
+                  INPUT_PRECISION=dot_precision(dtype))  # as the launchers pass it
     unit = {f"stride_{t}d": 1 for t in "qkvdo"}
     if kind == "fwd":
         assert isinstance(config, FwdConfig)

@@ -36,6 +36,10 @@ class FwdConfig:
     ws_stages: int = 4
     ws_warpgroups: int = 3
 
+    def __post_init__(self):
+        _check_launch("FwdConfig", {"block_m": self.block_m, "block_n": self.block_n},
+                      self.num_warps, self.num_stages)
+
 
 @dataclass(frozen=True)
 class BwdConfig:
@@ -68,6 +72,26 @@ class BwdConfig:
     def __post_init__(self):
         if self.one_pass and self.fused:
             raise ValueError("BwdConfig: one_pass and fused exclude each other (fused is a two-pass launch)")
+        tiles = {"block_m1": self.block_m1, "block_n1": self.block_n1, "block_m2": self.block_m2,
+                 "block_n2": self.block_n2}
+        _check_launch("BwdConfig", tiles, self.num_warps1, self.num_stages1)
+        _check_launch("BwdConfig", {}, self.num_warps2, self.num_stages2)
+
+
+def _power_of_2(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and n & (n - 1) == 0
+
+
+def _check_launch(what: str, tiles: dict[str, object], num_warps: object, num_stages: object) -> None:
+    """Tiles are tl.arange lengths (powers of two) and tl.dot operands (at least 16 rows); warps
+    come in powers of two; a pipeline has at least one stage."""
+    for name, size in tiles.items():
+        if not (_power_of_2(size) and size >= 16):
+            raise ValueError(f"{what}: {name} must be a power of two, at least 16, got {size!r}")
+    if not _power_of_2(num_warps):
+        raise ValueError(f"{what}: num_warps must be a power of two, got {num_warps!r}")
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
+        raise ValueError(f"{what}: num_stages must be an int of at least 1, got {num_stages!r}")
 
 
 def dtype_name(dtype: torch.dtype) -> str:

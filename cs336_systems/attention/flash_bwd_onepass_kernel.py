@@ -29,6 +29,9 @@ reach dQ through a product with zero K rows, and exp2 of an unmasked score can o
 The loop and the tile ranges repeat `flash_bwd_kernel`'s dK/dV pass on purpose: each kernel file
 can change (and be A/B-timed) without moving the other's compiled code.
 
+INPUT_PRECISION is every tl.dot's input_precision (`flash_launch.dot_precision`; the interpreter
+ignores it).
+
 Do not import this module directly: `triton_loader.kernels(__name__)` loads it for the current mode.
 """
 
@@ -44,7 +47,7 @@ def onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, st
                         stride_dn, stride_dd, z, h, offs_n, offs_d, lo, hi, n_queries, n_keys, qk_scale, sm_scale,
                         CAUSAL: tl.constexpr, MASKED: tl.constexpr, EVEN_N: tl.constexpr,
                         BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                        TMA: tl.constexpr, DQ_TMA: tl.constexpr):
+                        TMA: tl.constexpr, DQ_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Query tiles [lo, hi): accumulate into this key tile's dK, dV; add their dQ rows atomically."""
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
@@ -59,17 +62,19 @@ def onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, st
         else:
             L2 = tl.load(L_row + offs_m) * LOG2E
             Di = tl.load(D_row + offs_m)
-        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - L2[None, :])  # (BLOCK_N, BLOCK_M)
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
+                          - L2[None, :])  # (BLOCK_N, BLOCK_M)
         if MASKED:
             if CAUSAL:  # the -1e6 of masked scores makes their P exactly 0
                 pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         if not EVEN_N:  # keys past the end: P = 0, so their dS (and dQ share) is 0
             pT = tl.where(offs_n[:, None] < n_keys, pT, 0.0)
-        dv = tl.dot(pT.to(do.dtype), do, dv)
-        dpT = tl.dot(v, tl.trans(do))  # (BLOCK_N, BLOCK_M)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
         dsT = (pT * (dpT - Di[None, :])).to(q.dtype)
-        dk = tl.dot(dsT, q, dk)
-        dq = tl.dot(tl.trans(dsT), k) * sm_scale  # (BLOCK_M, HEAD_DIM_PAD) fp32, this key tile's share
+        dk = tl.dot(dsT, q, dk, input_precision=INPUT_PRECISION)
+        # (BLOCK_M, HEAD_DIM_PAD) fp32, this key tile's share
+        dq = tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION) * sm_scale
         if DQ_TMA:  # the tile goes to shared memory; the TMA engine adds it into global (rows past n_q dropped)
             dq_base.atomic_add([z, h, start_m, 0], dq.reshape(1, 1, BLOCK_M, HEAD_DIM_PAD))
         else:  # every thread adds its elements (vectorised red.global)
@@ -92,7 +97,7 @@ def bwd_onepass_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV,
                        n_heads, n_queries, n_keys, qk_scale, sm_scale,
                        CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                        HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       TMA: tl.constexpr = False, DQ_TMA: tl.constexpr = False, NO_TAIL: tl.constexpr = False):
+                       INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr = False, DQ_TMA: tl.constexpr = False, NO_TAIL: tl.constexpr = False):
     """Grid (key tiles, Z*H). DQ is a zeroed fp32 (Z, H, n_q, d); DQ, DK, DV are contiguous.
     With TMA, Q, K, V, DO are descriptors (boxes of BLOCK_M rows for Q, DO, BLOCK_N for K, V); with
     DQ_TMA, DQ is a descriptor (box BLOCK_M rows) and the dQ shares are added by the TMA engine.
@@ -130,19 +135,22 @@ def bwd_onepass_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV,
         dk, dv = onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
                                      stride_dn, stride_dd, zi, hi, offs_n, offs_d, lo, tl.minimum(lo_full, n_queries),
                                      n_queries, n_keys, qk_scale, sm_scale,
-                                     CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA)
+                                     CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA,
+                                     INPUT_PRECISION)
     else:
         lo_full = 0
     hi_full = lo_full + tl.maximum(n_queries - lo_full, 0) // BLOCK_M * BLOCK_M
     dk, dv = onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
                                  stride_dn, stride_dd, zi, hi, offs_n, offs_d, lo_full, hi_full,
                                  n_queries, n_keys, qk_scale, sm_scale,
-                                 CAUSAL, False, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA)
+                                 CAUSAL, False, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA,
+                                     INPUT_PRECISION)
     if not NO_TAIL:
         dk, dv = onepass_query_tiles(dk, dv, k, v, q_base, do_base, dq_base, L_row, D_row, stride_qn, stride_qd,
                                      stride_dn, stride_dd, zi, hi, offs_n, offs_d, hi_full, n_queries,
                                      n_queries, n_keys, qk_scale, sm_scale,
-                                     CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA)
+                                     CAUSAL, True, EVEN_N, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, TMA, DQ_TMA,
+                                     INPUT_PRECISION)
     out = bh.to(tl.int64) * n_keys * HEAD_DIM
     store_rows(DK + out, dk * sm_scale, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)
     store_rows(DV + out, dv, offs_n, offs_d, HEAD_DIM, 1, n_keys, HEAD_DIM)

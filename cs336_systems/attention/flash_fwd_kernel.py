@@ -6,6 +6,8 @@ Scores live in base 2: qk_scale = log2(e) / sqrt(d) is folded into one multiply 
 exp; the saved logsumexp is converted back to natural log. Under a causal mask the key loop stops
 at the diagonal, and only the tiles that need a mask (the diagonal, a ragged last tile) pay for
 index comparisons. The head dim is padded to HEAD_DIM_PAD (a power of two) with masked loads.
+INPUT_PRECISION is every tl.dot's input_precision (`flash_launch.dot_precision`: "ieee" or "tf32"
+for fp32 inputs; the interpreter ignores it).
 
 Do not import this module directly: `triton_loader.kernels(__name__)` loads it for the current
 mode (GPU or interpreter).
@@ -25,7 +27,8 @@ MASK_LOG2: tl.constexpr = tl.constexpr(-1.0e6 * 1.4426950408889634)  # the cours
 def fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                   z, h, offs_m, offs_d, lo, hi, n_keys, qk_scale,
                   CAUSAL: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TMA: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, TMA: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED tiles apply the causal and bounds
     masks; the others (fully visible, fully in bounds) skip every comparison."""
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -33,7 +36,7 @@ def fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride
         offs_n = start_n + offs_n0
         k = load_tile(k_base, z, h, start_n, offs_n, offs_d, stride_kn, stride_kd, n_keys, MASKED,
                       HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
-        qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N) fp32
         if MASKED:
             s = qk * qk_scale
             if CAUSAL:  # add -1e6 where key > query, as the course's reference does
@@ -49,7 +52,7 @@ def fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_tile(v_base, z, h, start_n, offs_n, offs_d, stride_vn, stride_vd, n_keys, MASKED,
                       HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, TMA)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 # --8<-- [end:fwd_tiles]
@@ -64,7 +67,8 @@ def flash_fwd_kernel(Q, K, V, O, L,
                      stride_oz, stride_oh, stride_on, stride_od,
                      n_heads, n_queries, n_keys, qk_scale,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                     TMA: tl.constexpr = False):
     """Grid (query tiles, batch * heads). O (Z, H, n_q, d); L (Z * H, n_q) fp32, natural log.
     With TMA, Q, K, V are tensor descriptors (boxes of BLOCK_M rows for Q, BLOCK_N for K and V)."""
     n_tiles = tl.num_programs(0)
@@ -102,10 +106,10 @@ def flash_fwd_kernel(Q, K, V, O, L,
         hi_full = n_keys // BLOCK_N * BLOCK_N
     acc, l_i, m_i = fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd,
                                   stride_vn, stride_vd, zi, hi_, offs_m, offs_d, 0, hi_full, n_keys, qk_scale,
-                                  CAUSAL, False, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, TMA)
+                                  CAUSAL, False, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, TMA, INPUT_PRECISION)
     acc, l_i, m_i = fwd_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd,
                                   stride_vn, stride_vd, zi, hi_, offs_m, offs_d, hi_full, hi, n_keys, qk_scale,
-                                  CAUSAL, True, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, TMA)
+                                  CAUSAL, True, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, TMA, INPUT_PRECISION)
 
     row_ok = offs_m < n_queries
     tl.store(L + bh.to(tl.int64) * n_queries + offs_m, (m_i + tl.math.log2(l_i)) * LN2, mask=row_ok)

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from . import configs as cfgs
 from .configs import BwdConfig, FwdConfig
+from .inputs import refuse_under_interpreter
 from .triton_loader import interpreting, kernels, next_power_of_2
 
 FWD = "cs336_systems.attention.flash_fwd_kernel"
@@ -27,6 +28,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _shape(q: Tensor, k: Tensor) -> tuple[int, int, int, int, int]:
+    refuse_under_interpreter(q.dtype)  # every launcher starts here
     Z, H, n_q, d = q.shape
     if Z * H > MAX_GRID_Y:
         raise ValueError(f"q's batch*heads must be at most {MAX_GRID_Y}, got {Z * H}")
@@ -36,6 +38,29 @@ def _shape(q: Tensor, k: Tensor) -> tuple[int, int, int, int, int]:
 def _scales(d: int) -> tuple[float, float]:
     sm_scale = 1.0 / math.sqrt(d)
     return sm_scale, sm_scale * LOG2E
+
+
+# --8<-- [start:dot_precision]
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's `input_precision` for inputs of `dtype`, following PyTorch's fp32 matmul setting.
+
+    fp32: "ieee" (full fp32 products, what torch.matmul computes by default) unless the user opted
+    in to TF32 as PyTorch is told to: `torch.backends.cuda.matmul.fp32_precision = "tf32"` (torch
+    >= 2.9; it also reflects `allow_tf32` and `torch.set_float32_matmul_precision`), or on older
+    torch `torch.backends.cuda.matmul.allow_tf32 = True`. Then "tf32": operands rounded to a 10-bit
+    mantissa on the tensor cores, products summed in fp32. (Triton's own default is "tf32".)
+    bf16/fp16: the setting does not apply (their products are exact in the fp32 accumulator) and
+    they keep Triton's default, so their compiled kernels are the ones tuned and measured.
+    """
+    if dtype != torch.float32:
+        return "tf32"
+    matmul = torch.backends.cuda.matmul
+    try:
+        opted_in = matmul.fp32_precision not in ("ieee", "none")  # "none": inherit, i.e. the default
+    except AttributeError:  # torch < 2.9
+        opted_in = bool(matmul.allow_tf32)
+    return "tf32" if opted_in else "ieee"
+# --8<-- [end:dot_precision]
 
 
 # --8<-- [start:launch_fwd]
@@ -58,7 +83,8 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, config: FwdConf
         *ins, o, L, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, n_q, n_k, _scales(d)[1],
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
-        BLOCK_M=c.block_m, BLOCK_N=c.block_n, TMA=tma, num_warps=c.num_warps, num_stages=c.num_stages)
+        BLOCK_M=c.block_m, BLOCK_N=c.block_n, TMA=tma, INPUT_PRECISION=dot_precision(q.dtype),
+        num_warps=c.num_warps, num_stages=c.num_stages)
     return o, L
 # --8<-- [end:launch_fwd]
 
@@ -88,8 +114,7 @@ def tma_ok(*ts: Tensor) -> bool:
 
 def _descriptors(q, k, v, do, rows_qdo: int, rows_kv: int) -> tuple:
     """Descriptors of the whole 4-D tensors; a load fetches one (1, 1, rows, d) box."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    TensorDescriptor = kernels("triton.tools.tensor_descriptor").TensorDescriptor
     d = q.shape[-1]
     return tuple(TensorDescriptor.from_tensor(t, [1, 1, rows, d]) if t is not None else None
                  for t, rows in ((q, rows_qdo), (k, rows_kv), (v, rows_kv), (do, rows_qdo)))
@@ -120,7 +145,7 @@ def launch_dkdv(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[T
         *ins, L, delta, dk, dv, *strides, *sizes,
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
         BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, TMA=tma, NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1),
-        num_warps=c.num_warps1, num_stages=c.num_stages1)
+        INPUT_PRECISION=dot_precision(q.dtype), num_warps=c.num_warps1, num_stages=c.num_stages1)
     return dk, dv
 
 
@@ -134,7 +159,8 @@ def launch_dq(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> Tensor:
     kernels(BWD).bwd_dq_kernel[(_cdiv(n_q, c.block_m2), Z * H)](
         *ins, L, delta, dq, *strides, *sizes,
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
-        BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, TMA=tma, num_warps=c.num_warps2, num_stages=c.num_stages2)
+        BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, TMA=tma, INPUT_PRECISION=dot_precision(q.dtype),
+        num_warps=c.num_warps2, num_stages=c.num_stages2)
     return dq
 
 
@@ -155,7 +181,7 @@ def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tu
         CAUSAL=is_causal, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
         BLOCK_M1=c.block_m1, BLOCK_N1=c.block_n1, BLOCK_M2=c.block_m2, BLOCK_N2=c.block_n2,
         TMA1=tma1, TMA2=tma2, NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1),
-        num_warps=c.num_warps1, num_stages=c.num_stages1)
+        INPUT_PRECISION=dot_precision(q.dtype), num_warps=c.num_warps1, num_stages=c.num_stages1)
     return dq, dk, dv
 
 
@@ -180,7 +206,7 @@ def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig, ker
         *ins, L, delta, dq_arg, dk, dv, *strides, *sizes,
         CAUSAL=is_causal, EVEN_N=n_k % c.block_n1 == 0, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
         BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, TMA=tma, DQ_TMA=dq_tma,
-        NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1),
+        NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1), INPUT_PRECISION=dot_precision(q.dtype),
         num_warps=c.num_warps1, num_stages=c.num_stages1)
     return dq.to(q.dtype), dk, dv
 

@@ -29,6 +29,9 @@ def tiled_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, *, block_q: 
 
     Works in fp32 (fp64 for fp64 inputs); O comes back in that precision too.
     """
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"{name} must be a positive int (positions per tile), got {size!r}")
     work = exact_dtype(q.dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
     n_q, n_k, scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])
@@ -83,7 +86,7 @@ class FlashAttentionPyTorch(torch.autograd.Function):
     """Tiled FlashAttention-2 in PyTorch. `apply(q, k, v, is_causal=False)`; q, k, v are
     (batch, seq, d) or (batch, heads, seq, d); any device, fp32/fp64/bf16/fp16."""
 
-    block_q = 64  # tile sizes (at least 16); tests shrink them to exercise ragged tiles
+    block_q = 64  # tile sizes (positive ints); tests shrink them to exercise ragged tiles
     block_k = 64
     compile_backward: bool | None = None  # None: compiled on CUDA, eager elsewhere
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .flash_launch import launch_bwd, launch_fwd
-from .inputs import AttentionInputs, check_attention_inputs
+from .inputs import AttentionInputs, check_attention_inputs, refuse_under_interpreter
 from .saved_state import load_attention_state, save_attention_state, unfold_like
 from .triton_loader import interpreting
 
@@ -26,12 +26,25 @@ def _unit_last_stride(t: Tensor) -> Tensor:
 
 def check_triton_inputs(q, k, v, is_causal) -> AttentionInputs:
     x = check_attention_inputs(q, k, v, is_causal, need_cuda=not interpreting())
+    refuse_under_interpreter(x.q.dtype)
     return dataclasses.replace(x, q=_unit_last_stride(x.q), k=_unit_last_stride(x.k),
                                v=_unit_last_stride(x.v))
 
 
 # --8<-- [start:function]
 class FlashAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 in Triton: `apply(q, k, v, is_causal=False)`, output in q's dtype.
+
+    Precision, per input dtype (the softmax statistics m, l, L and D are fp32 in every case):
+    - bf16 / fp16: every matmul multiplies bf16 / fp16 operands on the tensor cores and accumulates
+      in fp32; P and dS are rounded to the input dtype before the matmuls that consume them.
+    - fp32: IEEE fp32 matmuls, as torch.matmul computes fp32 by default, unless the user opted in
+      to TF32 the way PyTorch is told (`torch.backends.cuda.matmul.fp32_precision = "tf32"`, or
+      `allow_tf32 = True` / `torch.set_float32_matmul_precision("high")`): then the tensor cores
+      round the operands to TF32 (10-bit mantissa) and accumulate in fp32.
+    Under the Triton interpreter (CPU) fp32 and fp16 compute correctly; bf16 is refused.
+    """
+
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False):
         x = check_triton_inputs(q, k, v, is_causal)

@@ -1,7 +1,7 @@
 """Checking attention inputs once, for every implementation: shapes, dtypes, devices, head dim.
 
-Anything the kernels cannot do raises ValueError naming the argument, before any launch.
-Inputs are (batch, seq, d) or (batch, heads, seq, d); both become 4-D views (Z, H, N, d) so the
+Anything the kernels cannot do, or would get wrong, raises ValueError naming the argument, before
+any launch. Inputs are (batch, seq, d) or (batch, heads, seq, d); both become 4-D views (Z, H, N, d) so the
 kernels see one layout (a 3-D input is H = 1).
 """
 
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .triton_loader import interpreting
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -64,6 +66,10 @@ def check_attention_inputs(q: object, k: object, v: object, is_causal: object, *
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         raise ValueError(f"q and k need at least one position, got n_queries={q.shape[-2]}, n_keys={k.shape[-2]}")
+    if q.shape[-1] < 1:  # softmax(QK^T / sqrt(d)) has no meaning without features
+        raise ValueError(f"q's head dim must be at least 1, got {q.shape[-1]}")
+    if 0 in q.shape[:-2]:
+        raise ValueError(f"q's leading dims (batch[, heads]) must all be at least 1, got {tuple(q.shape[:-2])}")
     if head_dims is not None and not head_dims[0] <= q.shape[-1] <= head_dims[1]:
         raise ValueError(f"q's head dim must be in {head_dims[0]}..{head_dims[1]}, got {q.shape[-1]}")
     for name, t in (("k", k), ("v", v)):
@@ -80,3 +86,16 @@ def check_attention_inputs(q: object, k: object, v: object, is_causal: object, *
     if q.dim() == 3:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     return AttentionInputs(q, k, v, lead, bool(is_causal))
+
+
+def refuse_under_interpreter(dtype: torch.dtype) -> None:
+    """Refuse bf16 when the Triton kernels would run under the interpreter (TRITON_INTERPRET=1).
+
+    numpy has no bfloat16, so the interpreter keeps bf16 tensors as their raw 16-bit patterns
+    (uint16) and its tl.dot multiplies those integers: outputs come back wrong by orders of magnitude
+    (~1e9 where the answer is ~1). fp16 is a numpy type and computes correctly, as does fp32.
+    """
+    if dtype == torch.bfloat16 and interpreting():
+        raise ValueError("q's dtype torch.bfloat16 is computed wrongly by the Triton interpreter "
+                         "(TRITON_INTERPRET=1 multiplies bf16 bit patterns as integers in tl.dot): "
+                         "on the CPU use float32 or float16; run bfloat16 on a CUDA GPU")

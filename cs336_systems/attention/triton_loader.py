@@ -21,9 +21,24 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
 
 
+class TritonNotInstalled(ImportError):
+    """A Triton path was called in a process that cannot import triton."""
+
+
+NO_TRITON = ("the Triton kernels need the `triton` package, which is not installed here: `pip install triton` "
+             "(Triton ships wheels for Linux); without it use the PyTorch FlashAttention-2 "
+             "(flash_attention(..., impl=\"pytorch\"), FlashAttentionPyTorch)")
+
+
 def kernels(module_name: str) -> ModuleType:
-    """The kernel module `module_name` (dotted), imported on first use."""
-    return importlib.import_module(module_name)
+    """The module `module_name` (dotted: one of our kernel modules, or a triton module), imported on
+    first use; TritonNotInstalled, saying what to install, when triton cannot be imported."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        if (e.name or "").split(".")[0] != "triton":  # a missing module of ours is a different bug
+            raise
+        raise TritonNotInstalled(f"{module_name}: {NO_TRITON}") from e
 
 
 def next_power_of_2(n: int) -> int:
