@@ -1,4 +1,5 @@
-"""Model hyperparameters and the five size presets every benchmark sweeps (SPEC.md section 1)."""
+"""Model hyperparameters and the five size presets every benchmark sweeps (the course handout's
+model-size table: vocab 10,000; small to 2.7B)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ PRESETS: dict[str, ModelConfig] = {
 # A config small enough for CPU tests and smoke runs of every benchmark.
 PRESETS_EXTRA: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=256),
+    # The 2026 leaderboard's model (the course's Config): ~8.13B parameters, untied embedding and
+    # LM head. Kept out of PRESETS so the five-size sweeps do not try to build it.
+    "8B": ModelConfig(vocab_size=151_936, context_length=32_768, d_model=4_096, num_layers=34,
+                      num_heads=32, d_ff=11_008),
 }
 
 
@@ -78,7 +83,7 @@ def flops_per_token(cfg: ModelConfig, context_length: int | None = None, trainin
     N is the non-embedding count of the course (total minus lm_head); numerically it equals the
     parameters that do matmul work (layers + lm_head; the embedding is a lookup), because embedding
     and lm_head are both vocab x d_model. The second term is attention's QK^T and PV matmuls,
-    causal masking not discounted (the PaLM / nanoGPT convention, as ANCHORS.md counts).
+    causal masking not discounted (the PaLM / nanoGPT convention).
     """
     ctx = context_length or cfg.context_length
     n = count_parameters(cfg)["non_embedding"]

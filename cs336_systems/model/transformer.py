@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import CausalMultiHeadSelfAttention
 from .config import ModelConfig
@@ -27,10 +28,16 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """token ids (batch, seq) -> logits (batch, seq, vocab)."""
+    """token ids (batch, seq) -> logits (batch, seq, vocab).
+
+    `checkpoint_every = k > 0` runs the blocks in segments of k under torch.utils.checkpoint: the
+    forward keeps only each segment's input, and the backward recomputes one segment at a time
+    (one extra forward in all). 0 (the default) keeps every activation.
+    """
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int,
-                 num_heads: int, d_ff: int, rope_theta: float = 10_000.0, device=None, dtype=None):
+                 num_heads: int, d_ff: int, rope_theta: float = 10_000.0, device=None, dtype=None,
+                 checkpoint_every: int = 0):
         super().__init__()
         self.config = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
                                   rope_theta)
@@ -44,11 +51,32 @@ class TransformerLM(nn.Module):
         self.rope = rope
         mask = torch.ones(context_length, context_length, dtype=torch.bool, device=device).tril()
         self.register_buffer("causal_mask", mask, persistent=False)  # (ctx, ctx), True = keep
+        self.checkpoint_every = checkpoint_every
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, device=None, dtype=None) -> "TransformerLM":
+    def from_config(cls, cfg: ModelConfig, device=None, dtype=None,
+                    checkpoint_every: int = 0) -> "TransformerLM":
         return cls(cfg.vocab_size, cfg.context_length, cfg.d_model, cfg.num_layers, cfg.num_heads,
-                   cfg.d_ff, cfg.rope_theta, device=device, dtype=dtype)
+                   cfg.d_ff, cfg.rope_theta, device=device, dtype=dtype,
+                   checkpoint_every=checkpoint_every)
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self._checkpoint_every
+
+    @checkpoint_every.setter
+    def checkpoint_every(self, k: int) -> None:
+        # A settable switch, so one built model can be measured at every block size.
+        L = self.config.num_layers
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= L:
+            raise ValueError(f"checkpoint_every must be an int in [0, num_layers={L}] "
+                             f"(0 = no checkpointing), got {k!r}")
+        self._checkpoint_every = k
+
+    def _run_blocks(self, x, start: int, stop: int, mask, positions):
+        for layer in self.layers[start:stop]:
+            x = layer(x, mask, positions)
+        return x
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         if token_ids.dim() != 2:
@@ -59,6 +87,13 @@ class TransformerLM(nn.Module):
         positions = torch.arange(s, device=token_ids.device)
         mask = self.causal_mask[:s, :s]
         x = self.token_embeddings(token_ids)  # (batch, seq, d_model)
-        for layer in self.layers:
-            x = layer(x, mask, positions)
+        L, k = len(self.layers), self.checkpoint_every
+        if k and torch.is_grad_enabled():
+            # use_reentrant=False: the recommended implementation (works with inputs that need no
+            # grad, nests, and frees each recomputed segment as soon as its backward is done).
+            for start in range(0, L, k):
+                x = checkpoint(self._run_blocks, x, start, min(start + k, L), mask, positions,
+                               use_reentrant=False)
+        else:
+            x = self._run_blocks(x, 0, L, mask, positions)
         return self.lm_head(self.ln_final(x))  # (batch, seq, vocab)
