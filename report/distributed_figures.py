@@ -1,34 +1,20 @@
-"""Figures of the collectives and DDP chapters, drawn from the results files at docs build time.
+"""Figures of the collectives and DDP chapters: matplotlib figures drawn from results DataFrames.
 
-Each function returns an inline SVG string (text kept as text, deterministic ids), so a chapter
-prints it from a markdown-exec block with html="1" and no image file is committed.
+Each function returns a `plt.Figure`; a chapter turns it into inline SVG with `report.figures.svg`
+(the site's one figure mechanism), e.g. `print(svg(report.ddp.timelines_figure("nvidia-h200")))`.
 """
 
 from __future__ import annotations
 
-import io
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from cs336_systems.distributed.bucket_model import BucketModel  # noqa: E402
+import report.figures  # noqa: F401 - selects the Agg backend before any figure is drawn
+from cs336_systems.distributed.bucket_model import BucketModel
 
 COMPUTE, COMM = "#4c72b0", "#dd8452"
 PHASE_COLORS = {"forward": "#a6cee3", "backward": "#1f78b4", "sync": "#fb9a99", "optimizer": "#b2df8a"}
-
-
-def svg(fig: plt.Figure) -> str:
-    """The figure as an inline <svg> element (no XML prologue), then closed."""
-    buf = io.StringIO()
-    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "cs336"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
 
 
 def collectives(df: pd.DataFrame) -> plt.Figure:

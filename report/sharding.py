@@ -1,7 +1,13 @@
-"""Markdown tables for docs/sharding.md and docs/communication-accounting.md, rendered at build time.
+"""The sharding chapter: measured memory, time and collectives of the sharded optimizers, and the
+computed memory and communication tables (from cs336_systems.sharding.accounting).
 
-Computed tables call the accounting functions; measured tables read results/sharding/ and end with
-the provenance line. Nothing here holds a number of its own.
+    ```python exec="on"
+    import report.sharding
+    print(report.sharding.measured_memory_table("nvidia-h200"))
+    ```
+
+Measured tables read results/sharding/ and end with the provenance line; computed tables call the
+package's accounting functions. The chapter's numbers are facts in `report/sharding_facts.py`.
 """
 
 from __future__ import annotations
@@ -10,13 +16,16 @@ import math
 
 import pandas as pd
 
-from cs336_systems.model import count_parameters, get_config
-from report.results import load_results, markdown_table, provenance_line
 from cs336_systems.bench.store import REPO_ROOT, results_path
-
-from . import accounting as acc
-from . import communication_accounting as ca
-from .sharding_bench import COMM_BENCH, MEMORY_BENCH, METHODS, TIME_BENCH
+from cs336_systems.model import count_parameters, get_config
+from cs336_systems.sharding import accounting as acc
+from cs336_systems.sharding.sharding_bench import (
+    COMM_BENCH,
+    MEMORY_BENCH,
+    METHODS,
+    TIME_BENCH,
+)
+from report.results import load_results, markdown_table, provenance_line
 
 MIB, GB = 1024 ** 2, 1e9
 POINTS = ["after_init", "before_step", "after_step"]
@@ -79,24 +88,32 @@ def measured_collectives_table(device: str = "cpu") -> str:
     return markdown_table(out, floatfmt=".3g") + "\n\n" + provenance_line(df, _source(COMM_BENCH, device))
 
 
+def memory(device: str = "cpu") -> pd.DataFrame:
+    """The newest memory row of each (method, point), indexed by them."""
+    df = load_results(MEMORY_BENCH, device, status="ok").sort_values("time_utc")
+    return df.drop_duplicates(["method", "point"], keep="last").set_index(["method", "point"])
+
+
+def times(device: str = "cpu") -> pd.DataFrame:
+    """The newest step-time row of each method, indexed by method."""
+    df = load_results(TIME_BENCH, device, status="ok").sort_values("time_utc")
+    return df.drop_duplicates("method", keep="last").set_index("method")
+
+
+def measured_step_ms(method: str, device: str = "cpu") -> float:
+    return float(times(device).loc[method, "step_ms"])
+
+
+def predicted_memory(device: str = "cpu", stage: str = "ddp") -> acc.MemoryBreakdown:
+    """The accounting formulas at the measured run's configuration (model, batch, ranks)."""
+    r = memory(device).loc[("ddp", "after_step")]
+    return acc.transformer_memory(get_config(str(r["size"]), int(r["context"])), int(r["batch"]),
+                                  int(r["world_size"]), stage, context=int(r["context"]))
+
+
 def measured_collective_ms(op: str, device: str = "cpu") -> float:
     df = load_results(COMM_BENCH, device, status="ok").sort_values("time_utc")
     return float(df.loc[df["op"] == op, "ms"].iloc[-1])
-
-
-def measured_setup(device: str = "cpu") -> dict:
-    """The configuration of the latest measured rows (model size, ranks, batch, steps)."""
-    row = load_results(TIME_BENCH, device, status="ok").sort_values("time_utc").iloc[-1]
-    return {k: row[k] for k in ("size", "world_size", "backend", "batch", "context", "n_params",
-                                 "warmup", "steps", "threads_per_rank", "cpu_cores")}
-
-
-def measured_state_ratio(method: str, device: str = "cpu") -> float:
-    """Optimizer-state bytes after the step, `method` over DDP + AdamW."""
-    df = load_results(MEMORY_BENCH, device, status="ok")
-    after = df[df["point"] == "after_step"].sort_values("time_utc").drop_duplicates("method", keep="last")
-    by = dict(zip(after["method"], after["state_bytes"]))
-    return by[method] / by["ddp"]
 
 
 def computed_memory_table(size: str = "xl", world_size: int = 2, batch_per_rank: int = 2,
@@ -132,63 +149,3 @@ def communication_table(size: str = "xl", world_sizes=(2, 8)) -> str:
         row["x DDP"] = acc.communication_bytes_per_rank(s, n, 2) / acc.communication_bytes_per_rank("ddp", n, 2)
         rows.append(row)
     return markdown_table(pd.DataFrame(rows), floatfmt=".3g")
-
-
-# -- communication_accounting -------------------------------------------------------------------------
-
-def xxl_memory_table(cfg: ca.XXLConfig = ca.XXLConfig()) -> str:
-    P = ca.n_params(cfg)
-    rows = [
-        {"quantity": "parameters", "value": f"{P:,}"},
-        {"quantity": "master weights, fp32 (GB)", "value": f"{P * cfg.master_weight_bytes / GB:,.1f}"},
-        {"quantity": "accumulated gradients, fp32 (GB)", "value": f"{P * cfg.grad_bytes / GB:,.1f}"},
-        {"quantity": "Adam m and v, fp32 (GB)", "value": f"{P * cfg.optimizer_bytes / GB:,.1f}"},
-        {"quantity": "sum (GB)", "value": f"{ca.state_bytes(cfg) / GB:,.1f}"},
-        {"quantity": "activations saved for backward, bf16 (MB per token)",
-         "value": f"{ca.activation_bytes_per_token(cfg) / 1e6:,.2f}"},
-        {"quantity": "H100s of 80 GB to hold the sum",
-         "value": f"{ca.devices_to_hold(ca.state_bytes(cfg), ca.H100_80GB)} "
-                  f"({ca.state_bytes(cfg) / ca.H100_80GB.memory_bytes:.2f} rounded up)"},
-    ]
-    return markdown_table(pd.DataFrame(rows))
-
-
-def n_fsdp_table(tokens=(0, 1024, 2048, 4096, 8192), cfg: ca.XXLConfig = ca.XXLConfig()) -> str:
-    rows = []
-    for t in tokens:
-        n = ca.n_fsdp_required(cfg, ca.TPU_V5P, t)
-        rows.append({"tokens whose activations are held": f"{t:,}", "N_FSDP": n,
-                     "GB per device at N_FSDP": ca.fsdp_bytes_per_device(cfg, n, t) / GB,
-                     "GB per device at N_FSDP - 1": ca.fsdp_bytes_per_device(cfg, n - 1, t) / GB
-                     if n > 1 else math.nan})
-    return markdown_table(pd.DataFrame(rows), floatfmt=".1f")
-
-
-def compute_bound_table(cfg: ca.XXLConfig = ca.XXLConfig(), mesh: ca.Mesh = ca.Mesh()) -> str:
-    rows = []
-    for overlap in (True, False):
-        s = ca.compute_bound_summary(cfg, ca.TPU_V5P, mesh, overlap)
-        rows.append({"assumption": "comms overlap (the book)" if overlap else "comms add up",
-                     "B/N threshold": s["per_device_exact"], "per-device batch (tokens)": s["per_device_tokens"],
-                     "global batch B (tokens)": s["global_batch_tokens"],
-                     "T_math (ms)": s["t_math_s"] * 1e3, "T_FSDP (ms)": s["t_fsdp_s"] * 1e3,
-                     "T_TP (ms)": s["t_tp_s"] * 1e3})
-    return markdown_table(pd.DataFrame(rows), floatfmt=".4g")
-
-
-def batch_reduction_table(cfg: ca.XXLConfig = ca.XXLConfig()) -> str:
-    """Part (d): how the compute-bound global batch moves with the levers that change the formula."""
-    import dataclasses
-
-    options = [
-        ("the setting of part (c)", cfg, ca.Mesh()),
-        ("fp8 weight all-gathers (b = 1 byte)", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh()),
-        ("more tensor parallelism: X = 8, Y = 8", cfg, ca.Mesh(X=8, Y=8)),
-        ("fp8 gathers and X = 8, Y = 8", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh(X=8, Y=8)),
-    ]
-    rows = []
-    for name, c, mesh in options:
-        s = ca.compute_bound_summary(c, ca.TPU_V5P, mesh)
-        rows.append({"lever": name, "per-device batch (tokens)": s["per_device_tokens"],
-                     "global batch B (tokens)": s["global_batch_tokens"]})
-    return markdown_table(pd.DataFrame(rows))

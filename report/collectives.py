@@ -1,0 +1,233 @@
+"""The collectives chapter: the all-reduce benchmark's rows as tables, a figure, fits and facts.
+
+    ```python exec="on"
+    import report.collectives
+    print(report.collectives.all_reduce_table("nvidia-h200"))
+    ```
+
+A "kind" is backend and tensor device together (`nccl+cuda`, `gloo+cuda`, `gloo+cpu`): a GPU host's
+file holds gloo on CPU tensors and on CUDA tensors, so the backend alone does not pick a row.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pandas as pd
+
+from cs336_systems.distributed.bucket_model import fit_latency_bandwidth
+from cs336_systems.distributed.collectives_bench import BENCH, KEY
+from report import distributed_figures
+from report.facts import fact
+from report.results import load_results, markdown_table, provenance_line
+
+GPU, CPU = "nvidia-h200", "cpu"
+PROBE_MB, GB_MB = 4 / 1024, 1024  # the 4 KB latency probe and the 1 GB cell, in MiB
+# NVLink on an H200 SXM: 900 GB/s in both directions together, so 450 GB/s each way
+# (NVIDIA H200 Tensor Core GPU datasheet, "NVIDIA NVLink: 900GB/s").
+NVLINK_GBPS_PER_DIRECTION = 450.0
+
+
+def source(device: str) -> str:
+    return f"results/{BENCH}/{device}.jsonl"
+
+
+def all_reduce_rows(device: str = CPU) -> pd.DataFrame:
+    """The newest row of each cell (a re-measured cell replaces the old one), with `kind`."""
+    df = load_results(BENCH, device)
+    if df.empty:
+        return df
+    df = df.sort_values("time_utc").drop_duplicates(KEY, keep="last").reset_index(drop=True)
+    return df.assign(kind=df["backend"] + "+" + df["device_type"])
+
+
+def cell(device: str, kind: str, ranks: int, size_mb: float) -> pd.Series:
+    """One measured cell; KeyError naming it if it was not measured (or did not run)."""
+    df = all_reduce_rows(device)
+    hit = df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)
+             & (df["size_mb"] == size_mb)]
+    if hit.empty:
+        raise KeyError(f"no ok all-reduce row for {kind}, {ranks} ranks, {size_mb} MB in {source(device)}")
+    return hit.iloc[-1]
+
+
+def kind_label(kind: str) -> str:
+    """nccl+cuda -> nccl+CUDA (the tables' spelling)."""
+    backend, device_type = kind.split("+")
+    return f"{backend}+{device_type.upper()}"
+
+
+def human_size(size_mb: float) -> str:
+    """4 KB, 1 MB, 1 GB (binary units, as the benchmark sizes them)."""
+    if size_mb >= 1024:
+        return f"{size_mb / 1024:g} GB"
+    if size_mb >= 1:
+        return f"{size_mb:g} MB"
+    return f"{size_mb * 1024:g} KB"
+
+
+def all_reduce_table(device: str = CPU) -> str:
+    """Every cell: time, spread, both bandwidths, and how loaded the host was; then provenance."""
+    df = all_reduce_rows(device).sort_values(["kind", "world_size", "size_bytes"])
+    shown = pd.DataFrame({
+        "backend": df["kind"].map(kind_label), "ranks": df["world_size"], "size": df["size_mb"].map(human_size),
+        "time (ms)": [r["time_ms"] if r["status"] == "ok" else r["status"].upper()
+                      for r in df.to_dict("records")],
+        "± std": df["time_ms_std"], "algbw (GB/s)": df["algbw_gbps"],
+        "busbw (GB/s)": df["busbw_gbps"], "ranks per core": df["ranks_per_core"],
+        "load avg": df["loadavg_1m"],
+    })
+    return (markdown_table(shown, floatfmt=".3g", formats={"time (ms)": ".4g"}) + "\n\n"
+            + provenance_line(df, source(device)))
+
+
+def all_reduce_figure(device: str = CPU):
+    return distributed_figures.collectives(all_reduce_rows(device))
+
+
+def fit(device: str, kind: str, ranks: int) -> tuple[float, float]:
+    """(o seconds, w bytes/s) of t = o + bytes/w, fitted to one kind's cells at one rank count.
+    ValueError naming what is missing if that row was not measured."""
+    df = all_reduce_rows(device)
+    df = df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)]
+    if df.empty:
+        raise ValueError(f"no all-reduce rows for {kind} on {ranks} ranks in {source(device)}: "
+                         "cannot fit o and w")
+    return fit_latency_bandwidth(df["size_bytes"].tolist(), (df["time_ms"] / 1e3).tolist())
+
+
+def fits(device: str = CPU) -> pd.DataFrame:
+    """o, w and the knee o·w, one fit per (kind, ranks). A row that cannot be fitted (fewer than
+    two sizes, or times that do not grow with size) keeps NaN and the reason in `note`."""
+    df = all_reduce_rows(device)
+    rows = []
+    for (kind, n), g in df[df["status"] == "ok"].groupby(["kind", "world_size"]):
+        row = {"kind": kind, "world_size": int(n), "sizes": int(g["size_bytes"].nunique()),
+               "o_s": float("nan"), "w_bytes_per_s": float("nan"), "knee_bytes": float("nan"), "note": ""}
+        try:
+            o, w = fit_latency_bandwidth(g["size_bytes"].tolist(), (g["time_ms"] / 1e3).tolist())
+            row.update(o_s=o, w_bytes_per_s=w, knee_bytes=o * w)
+        except ValueError as e:
+            row["note"] = str(e)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fits_table(device: str = CPU) -> str:
+    f = fits(device)
+    shown = pd.DataFrame({
+        "backend": f["kind"].map(kind_label), "ranks": f["world_size"], "sizes fitted": f["sizes"],
+        "o (ms per call)": f["o_s"] * 1e3, "w (GB/s, algbw)": f["w_bytes_per_s"] / 1e9,
+        "knee o·w (MB)": f["knee_bytes"] / 2**20,
+    })
+    if f["note"].astype(bool).any():
+        shown["not fitted because"] = f["note"]
+    return markdown_table(shown, floatfmt=".3g")
+
+
+def knee_mb(device: str, kind: str, ranks: int = 2) -> float:
+    o, w = fit(device, kind, ranks)
+    return o * w / 2**20
+
+
+# -- facts: "{{ collectives.<name> }}" in the chapter ---------------------------------------------
+
+# name: (device, kind, ranks, size MB, column, scale, format)
+_CELLS = {
+    "nccl_1gb_ms": (GPU, "nccl+cuda", 2, GB_MB, "time_ms", 1, ".1f"),
+    "nccl_1gb_busbw": (GPU, "nccl+cuda", 2, GB_MB, "busbw_gbps", 1, ".0f"),
+    "nccl_4kb_us": (GPU, "nccl+cuda", 2, PROBE_MB, "time_ms", 1e3, ".0f"),
+    "nccl_4kb_std_us": (GPU, "nccl+cuda", 2, PROBE_MB, "time_ms_std", 1e3, ".0f"),
+    "nccl_1mb_us": (GPU, "nccl+cuda", 2, 1, "time_ms", 1e3, ".0f"),
+    "nccl_1mb_std_us": (GPU, "nccl+cuda", 2, 1, "time_ms_std", 1e3, ".0f"),
+    "nccl_1mb_busbw": (GPU, "nccl+cuda", 2, 1, "busbw_gbps", 1, ".0f"),
+    "nccl_10mb_busbw": (GPU, "nccl+cuda", 2, 10, "busbw_gbps", 1, ".0f"),
+    "nccl_100mb_busbw": (GPU, "nccl+cuda", 2, 100, "busbw_gbps", 1, ".0f"),
+    "gloo_cuda_1gb_ms": (GPU, "gloo+cuda", 2, GB_MB, "time_ms", 1, ".0f"),
+    "gloo_cuda_1gb_busbw": (GPU, "gloo+cuda", 2, GB_MB, "busbw_gbps", 1, ".2f"),
+    "gloo_cpu_1gb_busbw": (GPU, "gloo+cpu", 2, GB_MB, "busbw_gbps", 1, ".2f"),
+    "gloo_cuda_1mb_ms": (GPU, "gloo+cuda", 2, 1, "time_ms", 1, ".2f"),
+    "gloo_cpu_1mb_ms": (GPU, "gloo+cpu", 2, 1, "time_ms", 1, ".2f"),
+    "gloo_cuda_4kb_ms": (GPU, "gloo+cuda", 2, PROBE_MB, "time_ms", 1, ".2f"),
+    "gloo_cpu_4kb_ms": (GPU, "gloo+cpu", 2, PROBE_MB, "time_ms", 1, ".2f"),
+    "cpu_4kb_ms_2": (CPU, "gloo+cpu", 2, PROBE_MB, "time_ms", 1, ".2f"),
+    "cpu_4kb_ms_4": (CPU, "gloo+cpu", 4, PROBE_MB, "time_ms", 1, ".1f"),
+    "cpu_4kb_ms_6": (CPU, "gloo+cpu", 6, PROBE_MB, "time_ms", 1, ".1f"),
+    "cpu_1mb_busbw_2": (CPU, "gloo+cpu", 2, 1, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_busbw_2": (CPU, "gloo+cpu", 2, GB_MB, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_busbw_4": (CPU, "gloo+cpu", 4, GB_MB, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_busbw_6": (CPU, "gloo+cpu", 6, GB_MB, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_ms_4": (CPU, "gloo+cpu", 4, GB_MB, "time_ms", 1, ".0f"),
+    "cpu_1gb_std_4": (CPU, "gloo+cpu", 4, GB_MB, "time_ms_std", 1, ".0f"),
+    "cpu_1gb_ms_6": (CPU, "gloo+cpu", 6, GB_MB, "time_ms", 1, ".0f"),
+    "cpu_1gb_std_6": (CPU, "gloo+cpu", 6, GB_MB, "time_ms_std", 1, ".0f"),
+    "cpu_6x1gb_rss_gib": (CPU, "gloo+cpu", 6, GB_MB, "peak_rss_mb_max_rank", 1 / 1024, ".2f"),
+}
+
+
+def _cell_fact(device, kind, ranks, size_mb, column, scale, fmt) -> str:
+    return format(float(cell(device, kind, ranks, size_mb)[column]) * scale, fmt)
+
+
+for _name, _spec in _CELLS.items():
+    fact(f"collectives.{_name}")(partial(_cell_fact, *_spec))
+
+
+def time_ratio(device: str, slow: tuple[str, int, float], fast: tuple[str, int, float]) -> float:
+    """time of one cell over another's, each given as (kind, ranks, size MB)."""
+    return float(cell(device, *slow)["time_ms"] / cell(device, *fast)["time_ms"])
+
+
+@fact("collectives.nccl_1gb_nvlink_share")
+def _() -> str:
+    return f"{cell(GPU, 'nccl+cuda', 2, GB_MB)['busbw_gbps'] / NVLINK_GBPS_PER_DIRECTION:.0%}"
+
+
+@fact("collectives.nccl_vs_gloo_1gb")
+def _() -> str:
+    return f"{time_ratio(GPU, ('gloo+cuda', 2, GB_MB), ('nccl+cuda', 2, GB_MB)):.0f}"
+
+
+@fact("collectives.cpu_6x1gb_all_ranks_gib")
+def _() -> str:
+    return f"{6 * cell(CPU, 'gloo+cpu', 6, GB_MB)['peak_rss_mb_max_rank'] / 1024:.1f}"
+
+
+@fact("collectives.cpu_1mb_to_1gb_growth")
+def _() -> str:
+    return f"{time_ratio(CPU, ('gloo+cpu', 2, GB_MB), ('gloo+cpu', 2, 1)):.0f}"
+
+
+@fact("collectives.nccl_knee_mb")
+def _() -> str:
+    return f"{knee_mb(GPU, 'nccl+cuda'):.0f}"
+
+
+@fact("collectives.gloo_cuda_knee_mb")
+def _() -> str:
+    return f"{knee_mb(GPU, 'gloo+cuda'):.1f}"
+
+
+@fact("collectives.cpu_knee_mb")
+def _() -> str:
+    return f"{knee_mb(CPU, 'gloo+cpu'):.2f}"
+
+
+@fact("collectives.cpu_o_ms")
+def _() -> str:
+    return f"{fit(CPU, 'gloo+cpu', 2)[0] * 1e3:.2f}"
+
+
+@fact("collectives.cpu_w_gbps")
+def _() -> str:
+    return f"{fit(CPU, 'gloo+cpu', 2)[1] / 1e9:.2f}"
+
+
+@fact("collectives.nccl_o_smaller")
+def _() -> str:
+    return f"{fit(GPU, 'gloo+cuda', 2)[0] / fit(GPU, 'nccl+cuda', 2)[0]:.0f}"
+
+
+@fact("collectives.nccl_w_larger")
+def _() -> str:
+    return f"{fit(GPU, 'nccl+cuda', 2)[1] / fit(GPU, 'gloo+cuda', 2)[1]:.0f}"

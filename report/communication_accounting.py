@@ -1,0 +1,114 @@
+"""The communication-accounting chapter: the XXL model's tables and facts, computed at build time.
+
+Nothing here is measured: every number comes from the formulas in
+cs336_systems/sharding/communication_accounting.py, so the page shows the arithmetic the problem
+asks for and this module only lays it out.
+
+    ```python exec="on"
+    import report.communication_accounting
+    print(report.communication_accounting.xxl_memory_table())
+    ```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+
+from cs336_systems.sharding import communication_accounting as ca
+from report.facts import fact
+from report.results import markdown_table
+
+GB = 1e9
+CFG, MESH = ca.XXLConfig(), ca.Mesh()  # the problem's model and mesh
+
+
+def xxl_memory_table(cfg: ca.XXLConfig = CFG) -> str:
+    P = ca.n_params(cfg)
+    rows = [
+        {"quantity": "parameters", "value": f"{P:,}"},
+        {"quantity": "master weights, fp32 (GB)", "value": f"{P * cfg.master_weight_bytes / GB:,.1f}"},
+        {"quantity": "accumulated gradients, fp32 (GB)", "value": f"{P * cfg.grad_bytes / GB:,.1f}"},
+        {"quantity": "Adam m and v, fp32 (GB)", "value": f"{P * cfg.optimizer_bytes / GB:,.1f}"},
+        {"quantity": "sum (GB)", "value": f"{ca.state_bytes(cfg) / GB:,.1f}"},
+        {"quantity": "activations saved for backward, bf16 (MB per token)",
+         "value": f"{ca.activation_bytes_per_token(cfg) / 1e6:,.2f}"},
+        {"quantity": "H100s of 80 GB to hold the sum",
+         "value": f"{ca.devices_to_hold(ca.state_bytes(cfg), ca.H100_80GB)} "
+                  f"({ca.state_bytes(cfg) / ca.H100_80GB.memory_bytes:.2f} rounded up)"},
+    ]
+    return markdown_table(pd.DataFrame(rows))
+
+
+def n_fsdp_table(tokens=(0, 1024, 2048, 4096, 8192), cfg: ca.XXLConfig = CFG) -> str:
+    rows = []
+    for t in tokens:
+        n = ca.n_fsdp_required(cfg, ca.TPU_V5P, t)
+        rows.append({"tokens whose activations are held": f"{t:,}", "N_FSDP": n,
+                     "GB per device at N_FSDP": ca.fsdp_bytes_per_device(cfg, n, t) / GB,
+                     "GB per device at N_FSDP - 1": ca.fsdp_bytes_per_device(cfg, n - 1, t) / GB
+                     if n > 1 else math.nan})
+    return markdown_table(pd.DataFrame(rows), floatfmt=".1f")
+
+
+def compute_bound_table(cfg: ca.XXLConfig = CFG, mesh: ca.Mesh = MESH) -> str:
+    rows = []
+    for overlap in (True, False):
+        s = ca.compute_bound_summary(cfg, ca.TPU_V5P, mesh, overlap)
+        rows.append({"assumption": "comms overlap (the book)" if overlap else "comms add up",
+                     "B/N threshold": s["per_device_exact"], "per-device batch (tokens)": s["per_device_tokens"],
+                     "global batch B (tokens)": s["global_batch_tokens"],
+                     "T_math (ms)": s["t_math_s"] * 1e3, "T_FSDP (ms)": s["t_fsdp_s"] * 1e3,
+                     "T_TP (ms)": s["t_tp_s"] * 1e3})
+    return markdown_table(pd.DataFrame(rows), floatfmt=".4g")
+
+
+def batch_reduction_table(cfg: ca.XXLConfig = CFG) -> str:
+    """Part (d): how the compute-bound global batch moves with the levers that change the formula."""
+    options = [
+        ("the setting of part (c)", cfg, ca.Mesh()),
+        ("fp8 weight all-gathers (b = 1 byte)", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh()),
+        ("more tensor parallelism: X = 8, Y = 8", cfg, ca.Mesh(X=8, Y=8)),
+        ("fp8 gathers and X = 8, Y = 8", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh(X=8, Y=8)),
+    ]
+    rows = []
+    for name, c, mesh in options:
+        s = ca.compute_bound_summary(c, ca.TPU_V5P, mesh)
+        rows.append({"lever": name, "per-device batch (tokens)": s["per_device_tokens"],
+                     "global batch B (tokens)": s["global_batch_tokens"]})
+    return markdown_table(pd.DataFrame(rows))
+
+
+# -- facts: "{{ comm_accounting.<name> }}" in the chapter -------------------------------------------
+
+
+def summary(overlap: bool = True) -> dict[str, float]:
+    return ca.compute_bound_summary(CFG, ca.TPU_V5P, MESH, overlap)
+
+
+def tokens_until_overflow() -> float:
+    """Tokens whose unsharded half of the activations alone fills a v5p, whatever N."""
+    return ca.TPU_V5P.memory_bytes / (ca.activation_bytes_per_token(CFG) / 2)
+
+
+fact("comm_accounting.params")(lambda: f"{ca.n_params(CFG):,}")
+fact("comm_accounting.state_tb")(lambda: f"{ca.state_bytes(CFG) / 1e12:.2f}")
+fact("comm_accounting.h100s")(lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)}")
+fact("comm_accounting.h100s_gib")(
+    lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.Accelerator('80 GiB', 80 * 2**30))}")
+fact("comm_accounting.act_mb_per_token")(lambda: f"{ca.activation_bytes_per_token(CFG) / 1e6:.1f}")
+fact("comm_accounting.v5p_gb")(lambda: f"{ca.TPU_V5P.memory_bytes / GB:.0f}")
+fact("comm_accounting.n_fsdp_state")(lambda: f"{ca.n_fsdp_required(CFG, ca.TPU_V5P)}")
+fact("comm_accounting.tokens_until_overflow")(lambda: f"{tokens_until_overflow():,.0f}")
+fact("comm_accounting.c_flops")(lambda: f"{ca.TPU_V5P.flops:.2g}".replace("e+", " \\cdot 10^{") + "}")
+fact("comm_accounting.w_ici")(lambda: f"{ca.TPU_V5P.ici_bandwidth:.2g}".replace("e+", " \\cdot 10^{") + "}")
+fact("comm_accounting.alpha")(lambda: f"{summary()['alpha']:.0f}")
+fact("comm_accounting.per_device_exact")(lambda: f"{summary()['per_device_exact']:.1f}")
+fact("comm_accounting.per_device_tokens")(lambda: f"{summary()['per_device_tokens']}")
+fact("comm_accounting.global_batch")(lambda: f"{summary()['global_batch_tokens']:,}")
+fact("comm_accounting.tokens_per_tp_group")(lambda: f"{summary()['tokens_per_fsdp_shard']:,}")
+fact("comm_accounting.n_chips")(lambda: f"{MESH.N}")
+fact("comm_accounting.y")(lambda: f"{MESH.Y}")
+fact("comm_accounting.tp_limit")(lambda: f"{CFG.d_ff * MESH.M_Y / summary()['alpha']:.1f}")
