@@ -1,0 +1,156 @@
+"""The memory chapter: peaks of the 2.7B model by context, the snapshot's largest allocations, and the
+residual-stream check, from results/memory/; the hand counts from the model's config.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cs336_systems.model import count_parameters, get_config
+from cs336_systems.profiling.memory import residual_stream_bytes
+from report.facts import fact
+from report.profiling import newest, ok, with_source
+
+MiB = 2**20
+SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures
+KEY = ["context", "mode", "dtype"]
+
+
+# ---- the measured peaks ---------------------------------------------------------------------------
+
+def peaks() -> pd.DataFrame:
+    """Newest row per (context, mode, dtype), indexed by it, with the peak above the start."""
+    m = newest(ok("memory/peaks"), KEY)
+    return m.assign(extra_mib=m.peak_mib - m.before_mib).set_index(KEY).sort_index()
+
+
+def peak(context: int, mode: str, dtype: str, column: str = "peak_mib") -> float:
+    return float(peaks().loc[(context, mode, dtype), column])
+
+
+def peaks_table() -> str:
+    """(b): two numbers per context (forward, full step), in fp32 and bf16."""
+    m = peaks()
+    rows = [{"context": ctx, **{f"{label}, {dt} (MiB)": m.loc[(ctx, mode, dt), "peak_mib"]
+                                for mode, label in (("forward", "forward only"), ("train", "full step"))
+                                for dt in ("fp32", "bf16")}}
+            for ctx in sorted(m.index.get_level_values("context").unique())]
+    return with_source(pd.DataFrame(rows), "memory/peaks", floatfmt=",.0f")
+
+
+def start_table() -> str:
+    """What was allocated before the step, the peak above it, and the allocator's reserved peak."""
+    m = peaks().reset_index().sort_values(["mode", "dtype", "context"], ascending=[True, False, True])
+    shown = m[["mode", "dtype", "context", "before_mib", "peak_mib", "extra_mib", "peak_reserved_mib"]].rename(
+        columns={"before_mib": "allocated before (MiB)", "peak_mib": "peak (MiB)",
+                 "extra_mib": "peak - before (MiB)", "peak_reserved_mib": "reserved peak (MiB)"})
+    return with_source(shown, "memory/peaks", floatfmt=",.0f")
+
+
+# ---- the hand counts --------------------------------------------------------------------------------
+
+def weights_mib() -> float:
+    return count_parameters(get_config(SIZE))["total"] * 4 / MiB
+
+
+def ffn_weight_mib() -> float:
+    cfg = get_config(SIZE)
+    return cfg.d_model * cfg.d_ff * 4 / MiB
+
+
+def autocast_cache_mib() -> float:
+    """bf16 copies of the weights autocast casts: everything but the embedding and the norms' gains."""
+    cfg = get_config(SIZE)
+    n = count_parameters(cfg)["total"]
+    linear = n - cfg.vocab_size * cfg.d_model - (2 * cfg.num_layers + 1) * cfg.d_model
+    return 2 * linear / MiB
+
+
+def tensor_sizes_mib(context: int = 512) -> dict[str, float]:
+    """The model's large tensors at this context, fp32: score matrix, SwiGLU hidden, logits, weights."""
+    cfg = get_config(SIZE)
+    return {"score": BATCH * cfg.num_heads * context * context * 4 / MiB,
+            "ffn_hidden": BATCH * context * cfg.d_ff * 4 / MiB,
+            "logits": BATCH * context * cfg.vocab_size * 4 / MiB,
+            "ffn_weight": ffn_weight_mib(), "embedding": cfg.vocab_size * cfg.d_model * 4 / MiB}
+
+
+# ---- the snapshot: largest allocations and the residual stream -------------------------------------------
+
+def largest(mode: str) -> pd.DataFrame:
+    df = newest(ok("memory/largest"), [*KEY, "rank"])
+    return df[df["mode"] == mode].sort_values("rank").reset_index(drop=True)
+
+
+def largest_table(mode: str, n: int = 10) -> str:
+    df = largest(mode).head(n)
+    shown = pd.DataFrame({"size (MiB)": df.size_mib, "times allocated": df["count"],
+                          "allocated at": df["site"].map(lambda s: f"`{s}`"), "phase": df.phases})
+    return with_source(shown, "memory/largest", used=df)
+
+
+def residual(mode: str = "forward"):
+    r = newest(ok("memory/residual"), KEY)
+    return r[r["mode"] == mode].iloc[-1]
+
+
+def residual_sites_table(mode: str = "forward") -> str:
+    r = residual(mode)
+    shown = pd.DataFrame([{"allocated at": f"`{site}`", "allocations": n} for site, n in r.sites])
+    return with_source(shown, "memory/residual", used=newest(ok("memory/residual"), KEY))
+
+
+def residual_adds(mode: str = "forward") -> int:
+    """Allocations of one residual-stream size made by the transformer block (its residual adds)."""
+    return sum(n for site, n in residual(mode).sites if "transformer.py" in site)
+
+
+def residual_derivation() -> str:
+    """(d): the hand count per context, as a Markdown list of equations."""
+    d = get_config(SIZE).d_model
+    return "\n".join(f"- context {ctx}: $4 \\times {ctx} \\times {d} \\times 4 = {residual_stream_bytes(BATCH, ctx, d, 4):,}$ "
+                     f"bytes $= {residual_stream_bytes(BATCH, ctx, d, 4) / MiB:g}$ MiB" for ctx in (128, 256, 512))
+
+
+# ---- facts ---------------------------------------------------------------------------------------------
+
+def _mib(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+FACTS = {
+    "memory.params_b": lambda: f"{count_parameters(get_config(SIZE))['total'] / 1e9:.2f}",
+    "memory.weights_mib": lambda: _mib(weights_mib()),
+    "memory.four_copies_mib": lambda: _mib(4 * weights_mib()),
+    "memory.train_before_mib": lambda: _mib(peak(512, "train", "fp32", "before_mib")),
+    "memory.train_peak_512_mib": lambda: _mib(peak(512, "train", "fp32")),
+    "memory.train_peak_512_bf16_mib": lambda: _mib(peak(512, "train", "bf16")),
+    "memory.train_extra_512_mib": lambda: _mib(peak(512, "train", "fp32", "extra_mib")),
+    "memory.train_extra_128_mib": lambda: _mib(peak(128, "train", "fp32", "extra_mib")),
+    "memory.train_extra_256_mib": lambda: _mib(peak(256, "train", "fp32", "extra_mib")),
+    "memory.train_extra_256_bf16_mib": lambda: _mib(peak(256, "train", "bf16", "extra_mib")),
+    "memory.fwd_before_mib": lambda: _mib(peak(512, "forward", "fp32", "before_mib")),
+    "memory.fwd_other_mib": lambda: _mib(peak(512, "forward", "fp32", "before_mib") - weights_mib()),
+    "memory.fwd_peak_512_mib": lambda: _mib(peak(512, "forward", "fp32")),
+    "memory.fwd_peak_512_bf16_mib": lambda: _mib(peak(512, "forward", "bf16")),
+    "memory.fwd_extra_mib": lambda: ", ".join(_mib(peak(c, "forward", "fp32", "extra_mib")) for c in (128, 256))
+    + " and " + _mib(peak(512, "forward", "fp32", "extra_mib")),
+    "memory.fwd_extra_128_bf16_mib": lambda: _mib(peak(128, "forward", "bf16", "extra_mib")),
+    "memory.fwd_extra_128_mib": lambda: _mib(peak(128, "forward", "fp32", "extra_mib")),
+    "memory.timeline_offset_mib": lambda: _mib(peak(512, "train", "fp32", "before_mib")
+                                               - peak(512, "train", "fp32", "timeline_start_gib") * 1024),
+    "memory.ffn_weight_mib": lambda: f"{ffn_weight_mib():g}",
+    "memory.autocast_cache_mib": lambda: _mib(autocast_cache_mib()),
+    "memory.residual_512_allocations": lambda: str(int(residual().allocations_of_that_size)),
+    "memory.residual_adds": lambda: str(residual_adds()),
+    "memory.residual_adds_per_layer": lambda: str(residual_adds() // get_config(SIZE).num_layers),
+    "memory.residual_128_bytes": lambda: f"{residual_stream_bytes(BATCH, 128, get_config(SIZE).d_model, 4):,}",
+    "memory.residual_128_mib": lambda: f"{residual_stream_bytes(BATCH, 128, get_config(SIZE).d_model, 4) / MiB:g}",
+    "memory.residual_512_mib": lambda: f"{residual_stream_bytes(BATCH, 512, get_config(SIZE).d_model, 4) / MiB:g}",
+    "memory.score_mib": lambda: f"{tensor_sizes_mib()['score']:g}",
+    "memory.ffn_hidden_mib": lambda: f"{tensor_sizes_mib()['ffn_hidden']:g}",
+    "memory.logits_mib": lambda: f"{tensor_sizes_mib()['logits']:.1f}",
+    "memory.embedding_mib": lambda: f"{tensor_sizes_mib()['embedding']:.1f}",
+}
+for _name, _fn in FACTS.items():
+    fact(_name)(_fn)

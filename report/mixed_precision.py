@@ -1,0 +1,362 @@
+"""The mixed-precision chapter: the accumulation loops, autocast's dtypes, bf16 against fp32 timings.
+
+The accumulation rows and the autocast dtypes come from results/mixed-precision/; the binade walk is
+computed when the page is built (it is IEEE arithmetic, the same on any machine); the timings are
+the end-to-end grid's (results/end-to-end/timings/), fp32 against bf16 autocast.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from cs336_systems.bench.device import peak_flops
+from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
+from report.facts import fact
+from report.profiling import SIZES, by_size, kernel_cells, newest, ok, pm, with_source
+from report.results import load_results, markdown_table, results_table
+
+MODES = ("forward", "forward-backward", "train")
+KEY = ["size", "mode", "dtype"]
+
+
+# ---- mixed_precision_accumulation --------------------------------------------------------------------
+
+def accumulation_table() -> str:
+    return results_table("mixed-precision/accumulation",
+                         columns=["device_type", "loop", "value_repr", "error", "addend_as_stored"],
+                         rename={"device_type": "device", "value_repr": "result (exact float)",
+                                 "error": "result - 10", "addend_as_stored": "0.01 as stored in the addend's dtype"},
+                         sort=["device_type", "loop"], floatfmt=".6g")
+
+
+def accumulation() -> pd.DataFrame:
+    """The loops' results indexed by (device_type, loop)."""
+    return load_results("mixed-precision/accumulation").set_index(["device_type", "loop"])
+
+
+def _gpu(loop: str, column: str = "value") -> float:
+    return float(accumulation().loc[("cuda", loop), column])
+
+
+@fact("mixed_precision.fp32_result")
+def _() -> str:
+    return f"{_gpu('fp32 += fp32'):.6f}"
+
+
+@fact("mixed_precision.fp16_result")
+def _() -> str:
+    return f"{_gpu('fp16 += fp16'):.6f}"
+
+
+@fact("mixed_precision.fp16_error")
+def _() -> str:
+    return f"{-_gpu('fp16 += fp16', 'error'):g}"
+
+
+@fact("mixed_precision.mixed_result")
+def _() -> str:
+    return f"{_gpu('fp32 += fp16'):.6f}"
+
+
+@fact("mixed_precision.addend_fp16")
+def _() -> str:
+    return repr(float(torch.tensor(ADDEND, dtype=torch.float16)))
+
+
+@fact("mixed_precision.addend_fp16_times_n")
+def _() -> str:
+    return f"{N_ADDS * float(torch.tensor(ADDEND, dtype=torch.float16)):.6f}"
+
+
+def binades(dtype: torch.dtype = torch.float16) -> pd.DataFrame:
+    """The loop, binade by binade (computed now, on the CPU): ulp, 0.01 in ulps, adds, real step."""
+    df = pd.DataFrame(binade_walk(dtype))
+    return df.assign(addend_in_ulps=df["ulp"].map(lambda u: None if u is None else ADDEND / u)).set_index("binade")
+
+
+def binade_table() -> str:
+    df = binades().reset_index()
+    shown = df[["binade", "ulp", "addend_in_ulps", "adds", "added_per_add"]].rename(
+        columns={"addend_in_ulps": "0.01 / ulp", "added_per_add": "what one add really added"})
+    return markdown_table(shown, floatfmt=".6g") + "\n\n*Computed when this page was built (CPU).*"
+
+
+def _binade(name: str, column: str, dtype: torch.dtype = torch.float16) -> float:
+    return float(binades(dtype).loc[name, column])
+
+
+@fact("mixed_precision.ulp_4_8")
+def _() -> str:
+    return f"{_binade('[4, 8)', 'ulp'):g}"
+
+
+@fact("mixed_precision.ulps_4_8")
+def _() -> str:
+    return f"{_binade('[4, 8)', 'addend_in_ulps'):.2f}"
+
+
+@fact("mixed_precision.step_4_8")
+def _() -> str:
+    return f"{_binade('[4, 8)', 'added_per_add'):.4f}"
+
+
+@fact("mixed_precision.ulp_8_16")
+def _() -> str:
+    return f"{_binade('[8, 16)', 'ulp'):g}"
+
+
+@fact("mixed_precision.ulps_8_16")
+def _() -> str:
+    return f"{_binade('[8, 16)', 'addend_in_ulps'):.2f}"
+
+
+@fact("mixed_precision.step_8_16")
+def _() -> str:
+    return f"{_binade('[8, 16)', 'added_per_add'):.7f}"
+
+
+@fact("mixed_precision.adds_8_16")
+def _() -> str:
+    return f"{_binade('[8, 16)', 'adds'):.0f}"
+
+
+def fp32_systematic_error() -> float:
+    """The fp32 loop's error rebuilt from its per-binade roundings (each the same within a binade)."""
+    b = binades(torch.float32)
+    return float(((b.added_per_add - ADDEND) * b.adds).sum())
+
+
+@fact("mixed_precision.fp32_step_error_8_16")
+def _() -> str:
+    return f"{_binade('[8, 16)', 'added_per_add', torch.float32) - ADDEND:+.2g}"
+
+
+@fact("mixed_precision.fp32_systematic_error")
+def _() -> str:
+    return f"{fp32_systematic_error():+.6f}"
+
+
+# ---- benchmarking_mixed_precision (a): autocast's dtypes -----------------------------------------------
+
+def autocast_table() -> str:
+    return results_table("mixed-precision/autocast_dtypes",
+                         pivot={"index": ["device_type", "tensor"], "columns": "autocast", "values": "dtype"})
+
+
+def autocast_dtypes(device_type: str = "cuda", autocast: str = "fp16") -> dict[str, str]:
+    df = load_results("mixed-precision/autocast_dtypes")
+    df = df[(df["device_type"] == device_type) & (df["autocast"] == autocast)]
+    return dict(zip(df["tensor"], df["dtype"]))
+
+
+# ---- benchmarking_mixed_precision (c): bf16 against fp32 --------------------------------------------------
+
+def speedups(rows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """fp32 time / bf16 time per (size, mode), from `rows` (default: the newest row of each cell)."""
+    t = (rows if rows is not None else newest(ok("end-to-end/timings"), KEY)).set_index(KEY).mean_ms
+    return pd.DataFrame({m: [t[(s, m, "fp32")] / t[(s, m, "bf16")] for s in SIZES] for m in MODES}, index=SIZES)
+
+
+def precision_table() -> str:
+    t = newest(ok("end-to-end/timings"), KEY)
+    i = t.set_index(KEY)
+    rows = []
+    for size in SIZES:
+        for mode in MODES:
+            a, b = i.loc[(size, mode, "fp32")], i.loc[(size, mode, "bf16")]
+            rows.append({"size": size, "mode": mode, "fp32 ms": pm(a.mean_ms, a.std_ms),
+                         "bf16 ms": pm(b.mean_ms, b.std_ms), "speed-up": a.mean_ms / b.mean_ms,
+                         "fp32 TFLOP/s": a.tflops, "bf16 TFLOP/s": b.tflops,
+                         "MFU fp32": f"{a.mfu:.0%}", "MFU bf16": f"{b.mfu:.0%}"})
+    return with_source(pd.DataFrame(rows), "end-to-end/timings", used=t)
+
+
+def spread() -> pd.DataFrame:
+    """std / mean of each newest cell, indexed by (size, mode, dtype)."""
+    t = newest(ok("end-to-end/timings"), KEY).set_index(KEY)
+    return t.std_ms / t.mean_ms
+
+
+@fact("mixed_precision.speedup_small_train")
+def _() -> str:
+    return f"{speedups().loc['small', 'train']:.2f}"
+
+
+@fact("mixed_precision.speedup_large_fb")
+def _() -> str:
+    return f"{speedups().loc['2.7B', 'forward-backward']:.1f}"
+
+
+@fact("mixed_precision.speedup_large_fwd")
+def _() -> str:
+    return f"{speedups().loc['2.7B', 'forward']:.1f}"
+
+
+@fact("mixed_precision.peak_ratio")
+def _() -> str:
+    return f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}"
+
+
+@fact("mixed_precision.bf16_cv_max")
+def _() -> str:
+    return f"{spread().xs('bf16', level='dtype').max():.0%}"
+
+
+@fact("mixed_precision.fp32_cv_max")
+def _() -> str:
+    return f"{spread().xs('fp32', level='dtype').max():.1%}"
+
+
+# ---- history: the bf16 cells measured twice ---------------------------------------------------------
+
+def remeasured_rows() -> pd.DataFrame:
+    """One row per timing cell measured more than once: its first and newest run and, where the newest
+    sampled the GPU (--record-clocks), the SM clock's range, its maximum and the power's range."""
+    out = []
+    for cell, g in ok("end-to-end/timings").sort_values("time_utc").groupby(KEY, sort=False):
+        if len(g) < 2:
+            continue
+        a, b = g.iloc[0], g.iloc[-1]
+        samples = b.get("clock_samples") if isinstance(b.get("clock_samples"), list) else []
+        sm = [x[1] for x in samples if x[1] is not None]
+        top = [x[2] for x in samples if x[2] is not None] or sm
+        watts = [x[3] for x in samples if x[3] is not None]
+        out.append({**dict(zip(KEY, cell)), "first_ms": a.mean_ms, "first_std_ms": a.std_ms,
+                    "new_ms": b.mean_ms, "new_std_ms": b.std_ms, "change": b.mean_ms / a.mean_ms - 1,
+                    "samples": len(samples), "sm_min": min(sm, default=None), "sm_max": max(sm, default=None),
+                    "sm_top": max(top, default=None), "w_min": min(watts, default=None),
+                    "w_max": max(watts, default=None)})
+    df = pd.DataFrame(out)
+    return by_size(df) if not df.empty else df
+
+
+def _span(lo, hi) -> str:
+    if lo is None or pd.isna(lo):
+        return "—"
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}-{hi:.0f}"
+
+
+def remeasured_table() -> str:
+    r = remeasured_rows()
+    shown = pd.DataFrame({
+        "size": r["size"], "mode": r["mode"], "dtype": r["dtype"],
+        "first run ms": [pm(m, s) for m, s in zip(r.first_ms, r.first_std_ms)],
+        "re-run ms (in the table)": [pm(m, s) for m, s in zip(r.new_ms, r.new_std_ms)],
+        "change": r["change"].map("{:+.0%}".format),
+        "SM clock MHz (re-run)": [_span(a, b) for a, b in zip(r.sm_min, r.sm_max)],
+        "power W (re-run)": [_span(a, b) for a, b in zip(r.w_min, r.w_max)], "clock samples": r["samples"]})
+    every = ok("end-to-end/timings")
+    used = every.merge(r[KEY], on=KEY)
+    return with_source(shown, "end-to-end/timings", used=used)
+
+
+def first_run_speedups() -> pd.DataFrame:
+    """The speed-ups with the first row of each re-measured cell instead of the newest."""
+    return speedups(ok("end-to-end/timings").sort_values("time_utc").drop_duplicates(KEY, keep="first"))
+
+
+def fp32_repeats() -> pd.DataFrame:
+    """The same fp32 cell timed by two sweeps in separate processes: the timing grid and the eager
+    cells of the torch.compile sweep (context 512, batch 4, 5 warm-up and 10 steps in both)."""
+    from report.attention import compile_rows  # the compile sweep's rows live with that chapter
+
+    t = newest(ok("end-to-end/timings"), KEY)
+    t = t[t["dtype"] == "fp32"].set_index(["size", "mode"]).mean_ms
+    c = compile_rows()
+    c = c[~c["compile"] & (c["dtype"] == "fp32")].set_index(["size", "mode"]).mean_ms
+    both = [i for i in c.index if i in t.index]
+    df = pd.DataFrame([{"size": s, "mode": m, "timing grid ms": t[(s, m)], "compile sweep (eager) ms": c[(s, m)],
+                        "difference": c[(s, m)] / t[(s, m)] - 1} for s, m in both])
+    return by_size(df)
+
+
+def fp32_repeats_table() -> str:
+    return markdown_table(fp32_repeats(), floatfmt=",.1f", formats={"difference": "+.1%"})
+
+
+def launch_estimate() -> pd.DataFrame:
+    """What launching an fp32 forward's kernels alone would take at context 512, at the Python time
+    per launch of the launch-bound small model at context 128, next to the bf16 forwards measured."""
+    k = kernel_cells()
+    small = k[k["size"] == "small"].sort_values("context").iloc[0]
+    us = small.fwd_python_ms * 1e3 / small.fwd_launches
+    k512 = k[k["context"] == 512].set_index("size")
+    r = remeasured_rows()
+    fwd = r[(r["mode"] == "forward") & (r["dtype"] == "bf16")].set_index("size")
+    return pd.DataFrame([{"size": s, "fp32 forward launches": int(k512.loc[s, "fwd_launches"]),
+                          "launch time ms (estimate)": k512.loc[s, "fwd_launches"] * us / 1e3,
+                          "bf16 forward, first run ms": fwd.loc[s, "first_ms"],
+                          "bf16 forward, re-run ms": fwd.loc[s, "new_ms"]} for s in fwd.index])
+
+
+def launch_estimate_table() -> str:
+    return markdown_table(launch_estimate(), floatfmt=".0f")
+
+
+@fact("mixed_precision.launch_us")
+def _() -> str:
+    k = kernel_cells()
+    small = k[k["size"] == "small"].sort_values("context").iloc[0]
+    return f"{small.fwd_python_ms * 1e3 / small.fwd_launches:.0f}"
+
+
+@fact("mixed_precision.remeasured_change")
+def _() -> str:
+    r = remeasured_rows()
+    return f"{r.change.min():+.0%} to {r.change.max():+.0%}"
+
+
+@fact("mixed_precision.remeasured_change_max")
+def _() -> str:
+    return f"{remeasured_rows().change.abs().max():.0%}"
+
+
+@fact("mixed_precision.rerun_cv_max")
+def _() -> str:
+    r = remeasured_rows()
+    return f"{(r.new_std_ms / r.new_ms).max():.0%}"
+
+
+@fact("mixed_precision.clock_samples")
+def _() -> str:
+    return str(int(remeasured_rows().samples.sum()))
+
+
+@fact("mixed_precision.sm_clock_range")
+def _() -> str:
+    r = remeasured_rows()
+    return f"{r.sm_min.min():.0f} to {r.sm_max.max():.0f}"
+
+
+@fact("mixed_precision.sm_clock_top")
+def _() -> str:
+    return f"{remeasured_rows().sm_top.max():.0f}"
+
+
+@fact("mixed_precision.fp32_repeat_big")
+def _() -> str:
+    f = fp32_repeats()
+    return f"{f[f['size'].isin(['large', 'xl', '2.7B'])].difference.abs().max():.1%}"
+
+
+@fact("mixed_precision.fp32_repeat_small")
+def _() -> str:
+    f = fp32_repeats()
+    return f"{f[f['size'] == 'small'].difference.abs().max():.0%}"
+
+
+AUTOCAST_TENSORS = {"parameters": "parameters (inside autocast)", "fc1": "fc1 output", "ln": "layer-norm output",
+                    "logits": "logits", "loss": "loss", "gradients": "gradients"}
+
+
+def _register_dtype_facts() -> None:
+    """One fact per (device, autocast dtype, tensor): mixed_precision.cuda_fp16_fc1 and so on."""
+    for device in ("cuda", "cpu"):
+        for dtype in ("fp16", "bf16"):
+            for short, tensor in AUTOCAST_TENSORS.items():
+                fact(f"mixed_precision.{device}_{dtype}_{short}")(
+                    lambda d=device, a=dtype, t=tensor: f"`{autocast_dtypes(d, a)[t]}`")
+
+
+_register_dtype_facts()
