@@ -16,9 +16,10 @@ from cs336_systems.attention.flash_pytorch import FlashAttentionPyTorch
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.attention.reference import attention_reference
 from tests.strategies import attention_problems
-from tests.triton_mode import DEVICE, ON_GPU, needs_gpu, pytestmark  # noqa: F401
+from tests.triton_mode import DEVICE, ON_GPU, needs_gpu, needs_triton, where_marks as pytestmark  # noqa: F401
 
 IMPLS = {"pytorch": FlashAttentionPyTorch, "triton": FlashAttentionTriton}
+IMPL_PARAMS = ["pytorch", pytest.param("triton", marks=needs_triton)]  # without triton, the PyTorch half runs
 
 
 def make_qkv(batch, heads, n_q, n_k, d, dtype=torch.float32, device=DEVICE, seed=0):
@@ -75,7 +76,7 @@ def run_and_check(impl, batch, heads, n_q, n_k, d, is_causal, dtype=torch.float3
 
 
 # The course's own case (batch 4, 128 queries and keys, d 64, fp32, tolerance 1e-2 elementwise).
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPL_PARAMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_course_case(impl, is_causal):
     (q, k, v), do = make_qkv(4, None, 128, 128, 64)
@@ -94,7 +95,7 @@ SHAPES = [(2, None, 37, 53, 16), (1, 2, 50, 20, 32), (1, None, 1, 33, 24), (2, 3
           (1, None, 64, 64, 80)]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPL_PARAMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_ragged_shapes(impl, shape, is_causal):
@@ -110,6 +111,7 @@ CONFIGS = [
 ]
 
 
+@needs_triton
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("fwd,bwd", CONFIGS, ids=["m32n16", "m16n32-fused", "m64n64-fused"])
 def test_triton_tile_configs(fwd, bwd, is_causal):
@@ -126,6 +128,7 @@ TMA = [BwdConfig(16, 32, 32, 16, tma1=True, tma2=True),  # two launches, ragged 
        BwdConfig(16, 32, 16, 32, one_pass=True, tma1=True)]  # one pass (dQ atomics by pointers here)
 
 
+@needs_triton
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("bwd", TMA, ids=["two-launch", "fused", "fused-dkdv-only", "one-pass"])
 def test_triton_tma_backward(bwd, is_causal, monkeypatch):
@@ -164,6 +167,7 @@ ONE_PASS = [BwdConfig(16, 16, 16, 16, 1, 1, 1, 1, one_pass=True),  # the interpr
             BwdConfig(16, 32, 16, 32, one_pass=True)]  # BLOCK_N > BLOCK_M, ragged key tiles
 
 
+@needs_triton
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_triton_one_pass_backward(shape, is_causal):
@@ -171,6 +175,7 @@ def test_triton_one_pass_backward(shape, is_causal):
         run_and_check("triton", *shape, is_causal)
 
 
+@needs_triton
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("bwd", ONE_PASS[1:], ids=["m32n16", "m16n32"])
 def test_triton_one_pass_tile_configs(bwd, is_causal):
@@ -179,6 +184,7 @@ def test_triton_one_pass_tile_configs(bwd, is_causal):
         run_and_check("triton", 1, 2, 70, 29, 80, is_causal, seed=1)
 
 
+@needs_triton
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")  # then masked, as intended
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_one_pass_ragged_keys_with_very_negative_scores(is_causal):
@@ -206,7 +212,7 @@ def test_one_pass_and_fused_exclude_each_other():
         BwdConfig(16, 16, 16, 16, fused=True, one_pass=True)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPL_PARAMS)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=attention_problems())
 def test_random_problems(impl, problem):
@@ -223,6 +229,7 @@ def test_pytorch_tiles_are_honoured():
         FlashAttentionPyTorch.block_q, FlashAttentionPyTorch.block_k = saved
 
 
+@needs_triton
 def test_flash_attention_entry_point():
     (q, k, v), _ = make_qkv(1, 2, 40, 40, 16)
     o_ref, _ = attention_reference(q.double(), k.double(), v.double(), True)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.attention import reduce_probe
+from tests.triton_mode import NO_TRITON
+
+pytest.importorskip("triton", reason=NO_TRITON)  # reduce_probe imports triton at its top
+
+from cs336_systems.attention import reduce_probe  # noqa: E402
 from tests.triton_mode import DEVICE, ON_GPU, pytestmark  # noqa: F401
 
 
