@@ -1,8 +1,7 @@
-"""Tables for the flash chapter's diagnostics, from committed results: the dK/dV A/B runs
-(`ab_dkdv`), the one-pass kernel's ablations (`ab_onepass`) and its dQ adds alone
-(`reduce_probe`), the host's time per call
-(`host_overhead`) and the GPU clocks sampled during a leaderboard run (`nvidia-smi` every 250 ms
-beside `device_run`)."""
+"""The experiments behind "Going faster than cuDNN", from committed results: the dK/dV A/B runs
+(`ab_dkdv`), the one-pass kernel's ablations (`ab_onepass`) and its dQ adds alone (`reduce_probe`),
+the host's time per call (`host_overhead`) and the GPU clocks during the leaderboard runs
+(`nvidia-smi` samples beside one run; later runs record them in their rows)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bench.store import REPO_ROOT
+from cs336_systems.bench.store import REPO_ROOT
+from report.flash import IMPL_NAMES, LB, LB_KEY, MODE_WORDS, headline_run, leaderboard_rows, register
 from report.results import load_results, markdown_table, provenance_line
 
 AB_BENCH = "attention/dkdv_ab"
@@ -191,8 +191,6 @@ def clock_samples(path: Path) -> pd.DataFrame:
 def leaderboard_clock_rows() -> pd.DataFrame:
     """For each leaderboard row of a run with sampled clocks: the SM clock and power while it was
     timed (from the previous row's write to its own; the first row's window is its 12 s of timing)."""
-    from .flash_tables import IMPL_NAMES, leaderboard_rows
-
     out = []
     lb = leaderboard_rows()
     for path in sorted((REPO_ROOT / CLOCKS_DIR).glob("nvidia-h200-*.csv")):
@@ -206,7 +204,7 @@ def leaderboard_clock_rows() -> pd.DataFrame:
             w = s[(s.t > lo) & (s.t <= r.t)]
             busy = w[w.watts > 300]  # samples while a kernel ran (idle draws ~80-130 W)
             out.append({"run": r.run, "implementation": IMPL_NAMES[r.impl],
-                        "mode": {"fwd_bwd": "forward+backward", "fwd": "forward"}[r.mode],
+                        "mode": MODE_WORDS[r.mode],
                         "mean ms": r.mean_ms, "SM MHz (median, busy)": busy.sm_mhz.median(),
                         "SM MHz (min)": busy.sm_mhz.min(), "W (median, busy)": busy.watts.median(),
                         "samples": len(busy), "clocks file": path.name})
@@ -223,86 +221,146 @@ def leaderboard_clock_table() -> str:
             + f"\n\n*Samples: {files} (nvidia-smi every 250 ms); rows: `results/attention/flash_leaderboard/nvidia-h200.jsonl`.*")
 
 
-from .onepass_ws import BENCH as WS_BENCH  # noqa: E402 - beside the tables that read it
-WS_DESIGNS = {  # impl field of the rows -> what that kernel was
-    "gluon one-pass ws": "math warpgroups stage fp32 dQ shares; a reducer sums and adds them",
-    "gluon one-pass ws, dQ warpgroup": "math warpgroups hand over dS^T; a dQ warpgroup does dS K and the adds",
-    "gluon one-pass ws, dQ warpgroup, TMA adds": "as above, the adds by TMA bulk reductions from shared memory",
+
+
+def clock_fields(run: str | None = None) -> pd.DataFrame:
+    """Leaderboard rows that carry their own clock record (nvidia-smi once a second while the mean
+    was timed: median and minimum SM clock, median board power), of one run (the headline run)."""
+    df = leaderboard_rows()
+    if "sm_mhz_median" not in df:
+        return df.iloc[:0]
+    df = df[df.sm_mhz_median.notna()]
+    return df[df.run == (run or headline_run(leaderboard_rows()))]
+
+
+def clock_fields_table(run: str | None = None) -> str:
+    df = clock_fields(run).assign(implementation=lambda d: d.impl.map(IMPL_NAMES),
+                                  mode=lambda d: d["mode"].map(MODE_WORDS))
+    shown = df.sort_values(["mode", "mean_ms"], ascending=[False, True])[
+        ["run", "git", "implementation", "mode", "mean_ms", "sm_mhz_median", "sm_mhz_min", "power_w_median"]]
+    shown = shown.rename(columns={"mean_ms": "mean ms", "sm_mhz_median": "SM MHz (median)",
+                                  "sm_mhz_min": "SM MHz (min)", "power_w_median": "W (median)"})
+    return (markdown_table(shown, formats={"mean ms": ".3f", "SM MHz (median)": ".0f", "SM MHz (min)": ".0f",
+                                           "W (median)": ".0f"})
+            + "\n\n" + provenance_line(df, "results/attention/flash_leaderboard/nvidia-h200.jsonl"))
+
+
+def _clock(impl: str, mode: str, col: str = "sm_mhz_median") -> float:
+    c = clock_fields()
+    return float(c[(c.impl == impl) & (c["mode"] == mode)][col].iloc[0])
+
+
+def _equal_clock_fwd_speedup() -> float:
+    """cuDNN's forward time over ours scaled to cuDNN's clock: a first-order correction."""
+    ours, cudnn = _clock("ours", "fwd", "mean_ms"), _clock("cudnn", "fwd", "mean_ms")
+    return cudnn / (ours * _clock("ours", "fwd") / _clock("cudnn", "fwd"))
+
+
+# -- the tuner's noise: the forward's best TMA and pointer candidates in two tuning runs ----------
+
+def tuner_noise() -> dict:
+    """The first tuning run inside the sampled clock window, and the one before it (leaderboard
+    shape, the forward): each one's best candidate with TMA loads and with pointer loads, and the
+    clock range while the second one's kernels ran."""
+    from report.flash_tuning import at_leaderboard_shape, first_timings, triton_tuning
+
+    tune = first_timings(at_leaderboard_shape(triton_tuning()))
+    tune = tune[tune.kernel == "fwd"].assign(tma=lambda d: d.config.map(lambda c: bool(c.get("tma", False))),
+                                             t=lambda d: pd.to_datetime(d.time_utc, utc=True))
+    samples = clock_samples(sorted((REPO_ROOT / CLOCKS_DIR).glob("*.csv"))[-1])
+    runs = sorted(tune.run.unique())
+    second = sorted(tune[(tune.t >= samples.t.min()) & (tune.t <= samples.t.max())].run.unique())[0]
+    first = runs[runs.index(second) - 1]
+    best = tune[tune.run.isin([first, second])].pivot_table(index="run", columns="tma", values="ms", aggfunc="min")
+    during = tune[tune.run == second].t
+    busy = samples[(samples.t >= during.min()) & (samples.t <= during.max()) & (samples.watts > 300)].sm_mhz
+    git = tune.groupby("run").git.first()
+    return {"first": first, "second": second, "first_git": git[first], "second_git": git[second],
+            "first_tma": best.loc[first, True], "second_tma": best.loc[second, True],
+            "first_ptr": best.loc[first, False], "second_ptr": best.loc[second, False],
+            "mhz_min": busy.min(), "mhz_max": busy.max()}
+
+
+# -- facts ----------------------------------------------------------------------------------------
+
+TILED = (64, 64, 4, 3)  # the tuned dK/dV tiling: 64 x 64, 4 warps, 3 stages
+WIDE = (64, 128, 8, 3)  # the one-pass kernel with 128-key tiles
+
+
+def _add(tiles: tuple, tma: bool) -> float:
+    """What adding dQ's shares costs inside the one-pass kernel: full minus no_add."""
+    return onepass_ab_median("full", tiles, tma) - onepass_ab_median("no_add", tiles, tma)
+
+
+def _history(git: str, col: str) -> float:
+    from report.flash_tuning import history_row
+
+    return history_row(git)[col]
+
+
+def _best_two_pass() -> float:
+    """The tuner's best two-pass backward at the leaderboard shape, by its confirmation medians."""
+    from report.flash_tuning import confirm_medians
+
+    c = confirm_medians()
+    return min(c["two launches"], c["fused"])
+
+
+def _lb_at(git: str, col: str) -> float:
+    rows = leaderboard_rows().query("mode == 'fwd_bwd' and impl == 'ours'")
+    return float(rows[rows.git.str.startswith(git)][col].iloc[-1])
+
+
+FACTS = {
+    # the dK/dV A/B run (ab_dkdv), at the tuned tiling
+    "flash.ab_fixed_ms": (lambda: ab_median("fixeddiag", TILED, False, True), ".3f"),
+    "flash.ab_bounded_ms": (lambda: ab_median("rtdiag", TILED, False, True), ".3f"),
+    "flash.ab_fixed_slower": (lambda: ab_median("fixeddiag", TILED, False, True) / ab_median("rtdiag", TILED, False, True) - 1, ".0%"),
+    "flash.ab_best_ms": (lambda: ab_median("rtdiag", TILED, True, True), ".3f"),
+    "flash.ab_old_ms": (lambda: ab_median("old", TILED, False, False), ".3f"),
+    "flash.ab_best_gain": (lambda: 1 - ab_median("rtdiag", TILED, True, True) / ab_median("old", TILED, False, False), ".1%"),
+    "flash.ab_no_tail_gain_tma": (lambda: 1 - ab_median("rtdiag", TILED, True, True) / ab_median("rtdiag", TILED, True, False), ".1%"),
+    "flash.ab_no_tail_gain_ptr": (lambda: 1 - ab_median("rtdiag", TILED, False, True) / ab_median("rtdiag", TILED, False, False), ".1%"),
+    # before the three changes (df107f5) and with the fix (fa87602): tuner and leaderboard
+    **{f"flash.fix_{when}_{name}": (lambda g=g, c=c: _history(g, c), ".3f")
+       for when, g in (("before", "df107f5"), ("after", "fa87602"))
+       for name, c in (("launch", "two passes, one launch"), ("dkdv", "dK/dV pass"), ("dq", "dQ pass"))},
+    **{f"flash.fix_{when}_lb_{name}": (lambda g=g, c=c: _lb_at(g, c), ".3f")
+       for when, g in (("before", "df107f5"), ("after", "fa87602")) for name, c in (("ms", "mean_ms"), ("speedup", "speed_vs_cudnn"))},
+    # the one-pass kernel's ablations (ab_onepass) and the adds alone (reduce_probe)
+    "flash.op_base_ms": (lambda: onepass_ab_median("no_dq", TILED, True), ".3f"),
+    "flash.op_share_ms": (lambda: onepass_ab_median("no_add", TILED, True) - onepass_ab_median("no_dq", TILED, True), ".2f"),
+    "flash.op_no_add_ms": (lambda: onepass_ab_median("no_add", TILED, True), ".2f"),
+    "flash.op_full_ms": (lambda: onepass_ab_median("full", TILED, True), ".2f"),
+    "flash.op_add_tma_ms": (lambda: _add(TILED, True), ".2f"),
+    "flash.op_add_ptr_ms": (lambda: _add(TILED, False), ".2f"),
+    "flash.op_add_wide_ms": (lambda: _add(WIDE, True), ".2f"),
+    "flash.op_dq_share_total_ms": (lambda: onepass_ab_median("full", TILED, True) - onepass_ab_median("no_dq", TILED, True), ".2f"),
+    "flash.op_upper_bound_gain": (lambda: 1 - onepass_ab_median("no_add", TILED, True) / _best_two_pass(), ".0%"),
+    "flash.op_two_pass_ms": (_best_two_pass, ".2f"),
+    "flash.probe_gb": (lambda: probe_rows().query("block_m == 64 and block_n == 64").gbytes.iloc[0], ".1f"),
+    "flash.probe_tma_ms": (lambda: probe_ms("tma", 64, 64), ".2f"),
+    "flash.probe_tma_wide_ms": (lambda: probe_ms("tma", 64, 128), ".2f"),
+    "flash.probe_store_ms": (lambda: probe_ms("store", 64, 64), ".2f"),
+    "flash.probe_overlap": (lambda: 1 - _add(TILED, True) / probe_ms("tma", 64, 64), ".0%"),
+    "flash.probe_overlap_wide": (lambda: 1 - _add(WIDE, True) / probe_ms("tma", 64, 128), ".0%"),
+    # the host (host_overhead)
+    "flash.host_fwd_compiled_us": (lambda: host_us("ours: forward (torch.compile"), ".0f"),
+    "flash.host_dynamo_us": (lambda: host_us("ours: forward (torch.compile") - host_us("ours: forward (Fn.apply"), ".0f"),
+    "flash.host_cudnn_fwd_us": (lambda: host_us("cudnn: forward"), ".0f"),
+    "flash.host_fwd_gap_us": (lambda: host_us("ours: forward (torch.compile") - host_us("cudnn: forward"), ".0f"),
+    "flash.host_step_ms": (lambda: host_us("ours: forward+backward") / 1e3, ".2f"),
+    "flash.host_cudnn_step_ms": (lambda: host_us("cudnn: forward+backward") / 1e3, ".2f"),
+    "flash.host_tma_extra_us": (tma_launch_extra_us, ".0f"),
+    # the clocks recorded with the headline run's rows
+    "flash.clock_w": (lambda: _clock("ours", "fwd_bwd", "power_w_median"), ".0f"),
+    **{f"flash.clock_{impl}_{mode}_mhz": (lambda i=impl, m=mode: _clock(i, m), ".0f")
+       for impl in ("ours", "cudnn") for mode in ("fwd", "fwd_bwd")},
+    "flash.clock_others_min_mhz": (lambda: clock_fields().query("impl not in ['ours', 'cudnn']").sm_mhz_median.min(), ".0f"),
+    "flash.clock_equal_fwd_speedup": (_equal_clock_fwd_speedup, ".2f"),
+    # the tuner's noise
+    **{f"flash.noise_{k}": (lambda k=k: tuner_noise()[k], f) for k, f in (
+        ("first", "s"), ("second", "s"), ("first_git", "s"), ("second_git", "s"), ("first_tma", ".3f"),
+        ("second_tma", ".3f"), ("first_ptr", ".3f"), ("second_ptr", ".3f"), ("mhz_min", ".0f"), ("mhz_max", ".0f"))},
 }
-
-
-def ws_rows() -> pd.DataFrame:
-    """Median over each run's interleaved rounds, one row per (run, kernel, version, variant)."""
-    df = load_results(WS_BENCH, status="ok")
-    keys = ["run", "git", "impl", "version", "block_n", "stages", "slots", "reduce_warps", "reduce_regs"]
-    return df.groupby(keys, as_index=False).agg(median_ms=("ms", "median"), rounds=("ms", "size"))
-
-
-def ws_table() -> str:
-    """Every run of the Gluon kernel, each beside the tuned two-pass backward timed in the same run."""
-    g = ws_rows()
-    two = g[g.impl.str.startswith("triton")].set_index("run").median_ms
-    g = g[~g.impl.str.startswith("triton")].copy()
-    g["vs two-pass"] = g.median_ms / g.run.map(two)
-    g["design"] = g.impl.map(WS_DESIGNS)
-    g["variant"] = g.apply(lambda r: f"{r.block_n} keys, {r.stages} stages, {r.slots} slots, "
-                                     f"{r.reduce_warps} w x {r.reduce_regs} regs", axis=1)
-    g["two-pass ms"] = g.run.map(two)
-    g = g.sort_values(["run", "median_ms"])
-    shown = g[["run", "git", "design", "version", "variant", "median_ms", "two-pass ms", "vs two-pass", "rounds"]]
-    return (markdown_table(shown.rename(columns={"median_ms": "median ms"}),
-                           formats={"median ms": ".3f", "two-pass ms": ".3f", "vs two-pass": ".3f"})
-            + "\n\n" + provenance_line(load_results(WS_BENCH), f"results/{WS_BENCH}/nvidia-h200.jsonl"))
-
-
-def ws_best(needs: str = "full") -> dict:
-    """The newest run that timed the `needs` version beside the two-pass backward: its fastest full
-    kernel, that kernel's ablations (same kernel and variant) and the two-pass backward's time."""
-    g = ws_rows()
-    with_two_pass = set(g[g.impl.str.startswith("triton")].run)
-    run = g[(g.version == needs) & g.run.isin(with_two_pass)].run.max()
-    g = g[g.run == run]
-    full = g[g.version == "full"].sort_values("median_ms").iloc[0]
-    same = g[(g.impl == full.impl) & (g.block_n == full.block_n) & (g.stages == full.stages)
-             & (g.slots == full.slots) & (g.reduce_regs == full.reduce_regs)].set_index("version").median_ms
-    two = float(g[g.impl.str.startswith("triton")].median_ms.iloc[0])
-    return {"run": run, "git": full.git, "impl": full.impl, "full": float(full.median_ms), "two_pass": two,
-            **{v: float(ms) for v, ms in same.items() if v != "full"}}
-
-
-# -- the tuner's Gluon candidates ------------------------------------------------------------------
-
-from .flash_tables import GLUON_KINDS, _at_leaderboard_shape, _src, _tile  # noqa: E402 - the chapter's helpers
-
-
-def _ws_tuning_run(kernel: str = "ws") -> pd.DataFrame:
-    """The rows of the newest tuning run of a Gluon kernel ("ws": the backward, "fwd_ws": the
-    forward) at the leaderboard shape."""
-    tune = load_results("attention/flash_tune", status="ok")
-    ws = _at_leaderboard_shape(tune[tune.kernel == kernel]) if "kernel" in tune else tune.iloc[:0]
-    return ws[ws.run == ws.run.max()]
-
-
-def ws_tuning_rows(kernel: str = "ws") -> pd.DataFrame:
-    """One row per candidate of `_ws_tuning_run`: its first timing and (the fastest few) the median
-    of its confirmation rounds."""
-    ws = _ws_tuning_run(kernel)
-    if ws.empty:
-        return ws
-    ws = ws.assign(setting=lambda d: d.config.map(lambda c: _tile(kernel, c)))
-    conf = ws.phase == "confirm" if "phase" in ws else pd.Series(False, index=ws.index)
-    first = ws[~conf].groupby("setting", as_index=False).agg(run=("run", "first"), git=("git", "first"),
-                                                               first_ms=("ms", "first"))
-    medians = ws[conf].groupby("setting").ms.median().rename("confirmed_ms")
-    return first.join(medians, on="setting").sort_values(["confirmed_ms", "first_ms"])
-
-
-def ws_tuning_table(kernel: str = "ws") -> str:
-    df = ws_tuning_rows(kernel)
-    if df.empty:
-        return f"*No tuning run has timed the Gluon {GLUON_KINDS[kernel]} at the leaderboard shape yet.*"
-    shown = df.rename(columns={"setting": "setting", "first_ms": "first ms",
-                               "confirmed_ms": "median of 3 rounds, ms"})
-    return (markdown_table(shown.astype(object).where(shown.notna(), "—"),
-                           formats={"first ms": ".3f", "median of 3 rounds, ms": ".3f"})
-            + "\n\n" + provenance_line(_ws_tuning_run(kernel), _src("attention/flash_tune")))
+register(FACTS)

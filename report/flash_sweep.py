@@ -1,110 +1,168 @@
-"""Tables and numbers of the flash_benchmarking sweep (docs/flash-attention.md), from the committed
-results at build time: per-cell tables, the facts the chapter's prose quotes, and phrases built
-from them. The leaderboard and tuning tables are in `flash_tables`.
+"""The flash_benchmarking sweep (`just bench flash-sweep`): tables, figures and facts.
+
+One row per cell (implementation, dtype, d, seq, mode); a cell re-measured after a kernel change
+(`--remeasure`) keeps its old rows in the file, and everything here shows the newest.
 """
 
 from __future__ import annotations
 
 import pandas as pd
+from matplotlib.lines import Line2D
 
+from report.figures import plt  # the site's figure backend (Agg), set before anything draws
+from report.flash import MODE_WORDS, register
 from report.results import load_results, markdown_table, provenance_line
 
 SWEEP_BENCH = "attention/flash_sweep"
 SWEEP_NAMES = {"triton": "ours Triton", "pytorch": "ours PyTorch", "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}
-
 SWEEP_CELL = ["impl", "dtype", "d", "seq", "mode"]
+DIMS = (16, 32, 64, 128)
+LARGEST, OVERHEAD_BOUND = 65536, 4096  # the grid's largest n; up to this n per-call costs dominate
+COLORS = {"triton": "C0", "pytorch": "C1", "naive": "C2", "sdpa": "C3"}  # fixed: panels lack some lines
 
 
 def sweep_rows() -> pd.DataFrame:
-    """One row per cell: the newest (a cell re-measured with `--remeasure` keeps its old rows)."""
+    """One row per cell: the newest."""
     return load_results(SWEEP_BENCH).drop_duplicates(SWEEP_CELL, keep="last").reset_index(drop=True)
 
 
-def sweep_table(dtype: str, mode: str, value: str = "ms") -> str:
-    """Rows (d, seq); one column per implementation; OOM/skips shown as such."""
+def _source(df: pd.DataFrame) -> str:
+    return provenance_line(df, f"results/{SWEEP_BENCH}/nvidia-h200.jsonl")
+
+
+def _cell_text(r: dict) -> str:
+    if r["status"] == "ok":
+        return f"{r['ms']:.3g}"
+    if r["status"] == "unsupported":  # skipped by design, or no such kernel (cuDNN has no fp32)
+        return "skip" if str(r.get("error", "")).startswith("skipped") else "n/a"
+    return r["status"].upper()
+
+
+def sweep_table(dtype: str, mode: str) -> str:
+    """Rows (d, seq), one column per implementation, ms; OOM and skips shown as such."""
     df = sweep_rows()
     df = df[(df.dtype == dtype) & (df["mode"] == mode)]
-    cells = {}
-    for r in df.to_dict("records"):
-        v = r.get(value)
-        if r["status"] == "ok":
-            text = f"{v:.3g}" if value == "ms" else f"{v:.0f}"
-        elif r["status"] == "unsupported":
-            text = "skip" if str(r.get("error", "")).startswith("skipped") else "n/a"
-        else:
-            text = r["status"].upper()
-        cells[(r["d"], r["seq"], r["impl"])] = text
+    cells = {(r["d"], r["seq"], r["impl"]): _cell_text(r) for r in df.to_dict("records")}
     impls = [i for i in SWEEP_NAMES if i in set(df.impl)]
     rows = [{"d": d, "seq": n, **{SWEEP_NAMES[i]: cells.get((d, n, i), "not run") for i in impls}}
             for d in sorted(set(df.d)) for n in sorted(set(df.seq))]
-    return markdown_table(pd.DataFrame(rows), formats={"d": "d", "seq": ","}) + "\n\n" + \
-        provenance_line(df, f"results/{SWEEP_BENCH}/nvidia-h200.jsonl")
+    return markdown_table(pd.DataFrame(rows), formats={"d": "d", "seq": ","}) + "\n\n" + _source(df)
 
 
-def sweep_facts() -> dict[str, float]:
+def _ms(impl: str, dtype: str, d: int, seq: int, mode: str) -> float:
     df = sweep_rows()
-    ok = df[df.status == "ok"]
-    get = lambda impl, dt, d, n, mode: ok[(ok.impl == impl) & (ok.dtype == dt) & (ok.d == d) & (ok.seq == n)  # noqa: E731
-                                         & (ok["mode"] == mode)]
-    out = {}
-    for d in (16, 32, 64, 128):
-        for mode in ("fwd", "bwd", "fwd_bwd"):
-            t, s = get("triton", "bf16", d, 65536, mode), get("sdpa", "bf16", d, 65536, mode)
-            if len(t) and len(s):
-                out[f"speed_vs_cudnn_d{d}_{mode}_64k"] = float(s.ms.iloc[0] / t.ms.iloc[0])
-                out[f"triton_tflops_d{d}_{mode}_64k"] = float(t.tflops.iloc[0])
-                out[f"sdpa_tflops_d{d}_{mode}_64k"] = float(s.tflops.iloc[0])
-    for dt in ("bf16", "fp32"):
-        t, n = get("triton", dt, 64, 16384, "fwd_bwd"), get("naive", dt, 64, 16384, "fwd_bwd")
-        out[f"speedup_vs_naive_{dt}_d64_16k"] = float(n.ms.iloc[0] / t.ms.iloc[0])
-        tm, nm = get("triton", dt, 64, 65536, "fwd_bwd"), get("naive", dt, 64, 65536, "fwd_bwd")
-        out[f"speedup_vs_naive_{dt}_d64_64k"] = float(nm.ms.iloc[0] / tm.ms.iloc[0])
-        out[f"mem_triton_{dt}_d64_64k_gb"] = float(tm.peak_mem_gb.iloc[0])
-        out[f"mem_naive_{dt}_d64_64k_gb"] = float(nm.peak_mem_gb.iloc[0])
-    out["oom_cells"] = int((df.status == "oom").sum())
-    out["pytorch_measured"] = int(((df.impl == "pytorch") & (df.status == "ok")).sum())
-    return out
+    hit = df[(df.impl == impl) & (df.dtype == dtype) & (df.d == d) & (df.seq == seq) & (df["mode"] == mode)
+             & (df.status == "ok")]
+    if hit.empty:
+        raise KeyError(f"no measured sweep cell {impl} {dtype} d={d} seq={seq} {mode}")
+    return float(hit.ms.iloc[0])
 
 
-def sweep_fastest(dtype: str = "bf16", impls: tuple[str, ...] = ("triton", "naive", "sdpa")) -> pd.Series:
+def speed_vs_cudnn(d: int, mode: str, seq: int = LARGEST) -> float:
+    """cuDNN's time over ours, bf16 (above 1: ours is faster)."""
+    return _ms("sdpa", "bf16", d, seq, mode) / _ms("triton", "bf16", d, seq, mode)
+
+
+def vs_cudnn_table(seq: int = LARGEST) -> str:
+    """Our speed as a multiple of cuDNN's at one sequence length, bf16: rows d, columns mode."""
+    rows = [{"d": d, **{MODE_WORDS[m]: speed_vs_cudnn(d, m, seq) for m in MODE_WORDS}} for d in DIMS]
+    return markdown_table(pd.DataFrame(rows), formats={w: ".2f" for w in MODE_WORDS.values()})
+
+
+def fastest(dtype: str = "bf16", impls: tuple[str, ...] = ("triton", "naive", "sdpa")) -> pd.Series:
     """(d, seq, mode) -> the fastest of `impls` in that cell (cells where all of them ran)."""
     df = sweep_rows()
     df = df[(df.status == "ok") & (df.dtype == dtype) & df.impl.isin(impls)]
-    t = df.pivot_table(index=["d", "seq", "mode"], columns="impl", values="ms").dropna()
-    return t.idxmin(axis=1)
+    return df.pivot_table(index=["d", "seq", "mode"], columns="impl", values="ms").dropna().idxmin(axis=1)
 
 
-def dims_phrase(dims) -> str:
-    """[16, 32, 64] -> 'd = 16, 32 and 64'."""
-    dims = [str(d) for d in sorted(dims)]
-    if not dims:
-        raise ValueError("dims: expected at least one head dim")
-    return "d = " + (dims[0] if len(dims) == 1 else ", ".join(dims[:-1]) + " and " + dims[-1])
+def small_cells(dtype: str = "bf16") -> pd.DataFrame:
+    """(d, seq, mode) x impl ms up to OVERHEAD_BOUND, for ours, plain PyTorch and cuDNN."""
+    df = sweep_rows()
+    df = df[(df.status == "ok") & (df.dtype == dtype) & (df.seq <= OVERHEAD_BOUND) & (df.impl != "pytorch")]
+    return df.pivot_table(index=["d", "seq", "mode"], columns="impl", values="ms")
 
 
-MODE_WORDS = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
-
-
-def wins_phrase(fastest: pd.Series, impl: str, min_seq: int = 0) -> str:
-    """Where `impl` is the fastest, by size then mode: 'at 32,768 the forward (d = 16 and 32); ...'.
-    `fastest` is `sweep_fastest`'s (d, seq, mode) -> impl; '' where it never is."""
-    won = fastest[fastest == impl]
-    won = won[won.index.get_level_values("seq") >= min_seq]
-    parts = []
-    for n in sorted(set(won.index.get_level_values("seq"))):
-        at = won[won.index.get_level_values("seq") == n]
-        modes = [f"the {MODE_WORDS[m]} ({dims_phrase(at[at.index.get_level_values('mode') == m].index.get_level_values('d'))})"
-                 for m in MODE_WORDS if m in set(at.index.get_level_values("mode"))]
-        parts.append(f"at {n:,} " + (modes[0] if len(modes) == 1 else ", ".join(modes[:-1]) + " and " + modes[-1]))
-    return "; ".join(parts)
-
-
-def sweep_code() -> dict:
-    """The code behind the sweep's newest rows: git of our Triton cells (with how many cells each),
-    git of the other cells, and the git of Triton rows that were re-measured (kept in the file, no
-    longer shown)."""
+def code_table() -> str:
+    """Which commit timed the cells the tables show (ours apart from the other columns), and the
+    older rows of our cells that a re-timing replaced (kept in the file, not shown)."""
     df, every = sweep_rows(), load_results(SWEEP_BENCH)
-    triton = df[df.impl == "triton"].git.value_counts()
-    old = sorted(set(every[every.impl == "triton"].git) - set(triton.index))
-    return {"triton": {g: int(n) for g, n in triton.items()}, "other": sorted(set(df[df.impl != "triton"].git)),
-            "triton_replaced": old}
+    shown = df.assign(rows=df.impl.map(lambda i: "ours Triton, shown" if i == "triton" else "the other columns, shown"))
+    old = every[every.duplicated(SWEEP_CELL, keep="last")]
+    old = old.assign(rows=old.impl.map(lambda i: "ours Triton, replaced" if i == "triton" else "the other columns, replaced"))
+    counts = pd.concat([shown, old]).groupby(["rows", "git"], as_index=False).size().rename(columns={"size": "cells"})
+    return markdown_table(counts)
+
+
+def sweep_figure(dtype: str) -> plt.Figure:
+    """TFLOP/s against sequence length: one panel per (mode, d), one line per implementation."""
+    ok = sweep_rows().query("status == 'ok' and dtype == @dtype")
+    dims = sorted(ok.d.unique())
+    fig, axes = plt.subplots(len(MODE_WORDS), len(dims), figsize=(3.2 * len(dims), 2.6 * len(MODE_WORDS)),
+                             sharex=True, squeeze=False)
+    for r, mode in enumerate(MODE_WORDS):
+        for c, d in enumerate(dims):
+            ax = axes[r][c]
+            for impl, label in SWEEP_NAMES.items():
+                line = ok[(ok.impl == impl) & (ok["mode"] == mode) & (ok.d == d)].sort_values("seq")
+                if not line.empty:
+                    ax.plot(line.seq, line.tflops, marker="o", ms=3, label=label, color=COLORS[impl])
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{MODE_WORDS[mode]}, d={d}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if c == 0:
+                ax.set_ylabel("TFLOP/s")
+            if r == len(MODE_WORDS) - 1:
+                ax.set_xlabel("sequence length")
+    present = [i for i in SWEEP_NAMES if i in set(ok.impl)]
+    fig.suptitle(f"causal attention, batch 1, {dtype}: TFLOP/s (FA convention) against sequence length",
+                 y=0.995, fontsize=10)
+    fig.legend([Line2D([], [], color=COLORS[i], marker="o", ms=3) for i in present],
+               [SWEEP_NAMES[i] for i in present], loc="upper center", bbox_to_anchor=(0.5, 0.965),
+               ncol=len(present), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+# -- facts ----------------------------------------------------------------------------------------
+
+def _peak_gb(impl: str, dtype: str) -> float:
+    df = sweep_rows()
+    hit = df[(df.impl == impl) & (df.dtype == dtype) & (df.d == 64) & (df.seq == LARGEST) & (df["mode"] == "fwd_bwd")]
+    return float(hit.peak_mem_gb.iloc[0])
+
+
+def _vs_naive(dtype: str, seq: int) -> float:
+    return _ms("naive", dtype, 64, seq, "fwd_bwd") / _ms("triton", dtype, 64, seq, "fwd_bwd")
+
+
+def _ours_fwd_bwd_small() -> pd.Series:
+    return small_cells()["triton"].xs("fwd_bwd", level="mode")
+
+
+FACTS = {
+    "flash.sweep_small_min_ms": (lambda: small_cells().min().min(), ".2f"),
+    "flash.sweep_small_max_ms": (lambda: small_cells().max().max(), ".2f"),
+    "flash.sweep_small_cells": (lambda: len(fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND]), "d"),
+    "flash.sweep_small_cudnn_fastest": (
+        lambda: int((fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND] == "sdpa").sum()), "d"),
+    "flash.sweep_small_naive_beats_ours": (lambda: int((small_cells().naive < small_cells().triton).sum()), "d"),
+    "flash.sweep_ours_small_min_ms": (lambda: _ours_fwd_bwd_small().min(), ".2f"),
+    "flash.sweep_ours_small_max_ms": (lambda: _ours_fwd_bwd_small().max(), ".2f"),
+    **{f"flash.sweep_ours_d64_{n // 1024}k_ms": (lambda n=n: _ms("triton", "bf16", 64, n, "fwd_bwd"), ".2f")
+       for n in (8192, 16384, 32768, 65536)},
+    **{f"flash.sweep_vs_cudnn_d{d}_{m}": (lambda d=d, m=m: speed_vs_cudnn(d, m), ".2f") for d in DIMS for m in MODE_WORDS},
+    "flash.sweep_ours_tflops_d64_fwd": (lambda: sweep_rows().query(
+        "impl == 'triton' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
+    "flash.sweep_cudnn_tflops_d64_fwd": (lambda: sweep_rows().query(
+        "impl == 'sdpa' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
+    **{f"flash.sweep_vs_naive_{dt}_{n // 1024}k": (lambda dt=dt, n=n: _vs_naive(dt, n), ".1f")
+       for dt in ("bf16", "fp32") for n in (16384, 65536)},
+    "flash.sweep_mem_naive_fp32_gb": (lambda: _peak_gb("naive", "fp32"), ".0f"),
+    "flash.sweep_mem_ours_fp32_gb": (lambda: _peak_gb("triton", "fp32"), ".2f"),
+    "flash.sweep_oom_cells": (lambda: int((sweep_rows().status == "oom").sum()), "d"),
+    "flash.sweep_pytorch_cells": (lambda: int(((sweep_rows().impl == "pytorch") & (sweep_rows().status == "ok")).sum()), "d"),
+    "flash.sweep_pytorch_fwd_4k_ms": (lambda: _ms("pytorch", "bf16", 64, 4096, "fwd"), ".1f"),
+    "flash.sweep_ours_fwd_4k_ms": (lambda: _ms("triton", "bf16", 64, 4096, "fwd"), ".2f"),
+}
+register(FACTS)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336_systems.attention import configs, flash_sweep, plots, sweep_tables, tune
+from cs336_systems.attention import configs, flash_sweep, tune
 from cs336_systems.attention.configs import BwdConfig, FwdConfig
 from cs336_systems.attention.flops import attention_flops
 from cs336_systems.bench.store import ResultStore
@@ -164,7 +164,7 @@ def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
-def test_sweep_flow_and_plots_on_the_interpreter(tmp_path, monkeypatch):
+def test_sweep_flow_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(flash_sweep, "DEVICE", "cpu")
     monkeypatch.setattr(flash_sweep, "gpu_bench", cpu_timer)
     monkeypatch.setattr(flash_sweep, "PYTORCH_FA2_MAX_SEQ", 32)
@@ -191,12 +191,10 @@ def test_sweep_flow_and_plots_on_the_interpreter(tmp_path, monkeypatch):
     again = store.rows()[len(rows):]
     assert sorted((r["impl"], r["seq"], r["mode"]) for r in again) == sorted(
         ("triton", n, m) for n in (32, 48) for m in ("fwd", "bwd", "fwd_bwd"))
-    newest = pd.DataFrame(store.rows()).drop_duplicates(sweep_tables.SWEEP_CELL, keep="last")
+    newest = pd.DataFrame(store.rows()).drop_duplicates(["impl", "dtype", "d", "seq", "mode"], keep="last")
     assert len(newest) == len(rows) and set(newest[newest.impl == "triton"].ms) == {r["ms"] for r in again}
     ok = [r for r in rows if r["status"] == "ok"]
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in ok)
-    paths = plots.plot_all(tmp_path, store.path.stem, out_dir=tmp_path / "png")
-    assert [p.name for p in paths] == ["sweep-fp32.png"] and paths[0].stat().st_size > 10_000
 
 
 def test_benchmarks_refuse_bad_arguments(capsys):

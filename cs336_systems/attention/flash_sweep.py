@@ -2,7 +2,6 @@
 
     just bench flash-sweep [--impls triton,sdpa,naive,pytorch] [--max-minutes 4]
     just bench flash-sweep --impls triton --remeasure   # re-time our kernels after a change
-    just bench flash-sweep --plot      # PNGs from the committed results (CPU is fine)
 
 Batch 1, causal, seq 2^7..2^16, d 16..128, bf16 and fp32; forward, backward and forward+backward,
 each timed with triton.testing.do_bench (median). Implementations: our Triton FA2; our PyTorch FA2
@@ -158,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="processes compiling the Triton kernels ahead of timing")
     ap.add_argument("--remeasure", action="store_true",
                     help="time the selected cells again even if stored (e.g. after a kernel change)")
-    ap.add_argument("--plot", action="store_true", help="only draw the plots from stored results")
     ap.add_argument("--results-dir", default=None)
-    ap.add_argument("--device", default="nvidia-h200", help="results file to plot (with --plot)")
     args = ap.parse_args(argv)
     lists = {}
     for name, allowed in (("impls", IMPLS), ("dtypes", tuple(DTYPES)), ("modes", MODES)):
@@ -176,14 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--dims: head dims must be in 16..128, got {bad}")
     if bad := [n for n in seqs if n < 1]:
         ap.error(f"--seqs: sequence lengths must be positive, got {bad}")
-    if args.plot:
-        from .plots import plot_all
-
-        for path in plot_all(args.results_dir, args.device):
-            print(path)
-        return 0
     if not torch.cuda.is_available():
-        ap.error("the sweep needs a CUDA GPU (use --plot to draw stored results)")
+        ap.error("the sweep needs a CUDA GPU (the site draws its figures from the stored results)")
     args.impls, args.dtypes, args.modes, args.dims, args.seqs = (
         lists["impls"], lists["dtypes"], lists["modes"], dims, seqs)
     return run(args)
