@@ -1,0 +1,84 @@
+"""Claims of docs/memory.md over the committed results (2.7B, batch 4, contexts 128 to 512)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cs336_systems.model import get_config
+from report import memory as m
+
+
+def test_training_starts_from_four_copies_of_the_model():
+    # (a): "The training step starts from four copies of the model" (weights, gradients, two
+    # moments); "the same four copies" in bf16. The remainder is small buffers (< 2% of the total).
+    for dtype in ("fp32", "bf16"):
+        before = m.peak(512, "train", dtype, "before_mib")
+        assert before == pytest.approx(4 * m.weights_mib(), rel=0.02), dtype
+
+
+def test_timeline_offset_is_the_same_at_both_ends():
+    # (a): "The pictures sit ... MiB below the allocator's own counter ..., the same offset at both ends"
+    start = m.peak(512, "train", "fp32", "before_mib") - m.peak(512, "train", "fp32", "timeline_start_gib") * 1024
+    top = m.peak(512, "train", "fp32") - m.peak(512, "train", "fp32", "timeline_peak_gib") * 1024
+    assert start == pytest.approx(top, abs=1.0)  # 1 MiB: the offset is block rounding, not activations
+
+
+def test_inference_adds_little_and_grows_with_context():
+    # (b): "Inference peaks only ... MiB above what was allocated before it (the weights, essentially)"
+    extra = [m.peak(c, "forward", "fp32", "extra_mib") for c in (128, 256, 512)]
+    assert extra == sorted(extra)
+    assert max(extra) < 0.05 * m.weights_mib()
+    assert m.peak(512, "forward", "fp32", "before_mib") == pytest.approx(m.weights_mib(), rel=0.02)
+
+
+def test_short_contexts_peak_in_the_optimizer_long_ones_in_the_forward():
+    # (b): "At context 128 and 256 ... The peak then comes in the optimizer step, ... MiB above the
+    # start: one temporary sqrt(v) of a feed-forward weight" and "At 512 the activations exceed the
+    # freed gradients and the peak ... rises ... MiB above the start."
+    for ctx in (128, 256):
+        assert m.peak(ctx, "train", "fp32", "extra_mib") == pytest.approx(m.ffn_weight_mib(), rel=0.02)
+    assert m.peak(512, "train", "fp32", "extra_mib") > 10 * m.ffn_weight_mib()
+
+
+def test_bf16_autocast_does_not_save_memory():
+    # (c): "Not much, and for inference it makes memory worse" and "That is autocast's weight cache"
+    # and "The cache also tips context 256 over"
+    for ctx in (128, 256, 512):
+        assert m.peak(ctx, "forward", "bf16") > m.peak(ctx, "forward", "fp32")
+        assert m.peak(ctx, "train", "bf16") == pytest.approx(m.peak(ctx, "train", "fp32"), rel=0.05)
+    assert m.peak(128, "forward", "bf16", "extra_mib") == pytest.approx(m.autocast_cache_mib(), rel=0.02)
+    assert m.peak(256, "train", "bf16", "extra_mib") > 2 * m.peak(256, "train", "fp32", "extra_mib")
+
+
+def test_residual_stream_size_is_measured_and_two_per_layer_come_from_the_adds():
+    # (d): "the allocator served ... allocations of exactly ... MiB, and ... of them (2 per layer, one
+    # per residual add) come from the two residual adds of `TransformerBlock.forward`"
+    r = m.residual()
+    assert r.expected_mib == 20.0
+    assert m.residual_adds() == 2 * get_config(m.SIZE).num_layers
+    assert r.allocations_of_that_size > m.residual_adds()
+
+
+def test_largest_forward_allocations_are_the_score_matrices_then_swiglu_then_logits():
+    # (e): "The largest allocations of the forward, ... MiB each, are the attention score matrices ...
+    # allocated in `naive_attention` ..., four per layer. Next come the SwiGLU hidden activations ...
+    # and the logits"
+    sizes = m.tensor_sizes_mib(512)
+    top = m.largest("forward")
+    score = top[top.size_mib == sizes["score"]]
+    assert top.size_mib.iloc[0] == sizes["score"]
+    assert score["site"].str.contains("naive_attention").all()
+    assert score["count"].sum() == 4 * get_config(m.SIZE).num_layers
+    after = list(dict.fromkeys(top.size_mib[top.size_mib < sizes["score"]]))
+    assert after[:2] == [sizes["ffn_hidden"], pytest.approx(sizes["logits"], abs=0.05)]
+
+
+def test_training_step_adds_weight_sized_buffers_from_backward_and_adamw():
+    # (e) prose: "the gradient of each feed-forward weight (... three per layer, allocated by autograd)
+    # and AdamW's temporary sqrt(v) of the same size (`optim.py`...)"
+    t = m.largest("train")
+    ffn = t[t.size_mib == m.ffn_weight_mib()]
+    layers = get_config(m.SIZE).num_layers
+    assert set(ffn.phases) == {"backward", "optimizer"}
+    assert (ffn["count"] == 3 * layers).all()
+    assert ffn[ffn.phases == "optimizer"]["site"].str.contains("optim.py").all()
