@@ -108,3 +108,44 @@ def test_shard_swiglu_slices_and_validates():
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="process group"):
         TensorParallelSwiGLU(SwiGLU(4, 8))
+
+
+# -- the benchmark CLI -------------------------------------------------------------------------------
+
+@pytest.mark.distributed
+def test_tp_bench_writes_every_variant_on_cpu(tmp_path):
+    from cs336_systems.bench.store import ResultStore
+    from cs336_systems.parallelism import tp_bench
+
+    argv = ["--d-model", "16", "--d-ff", "32", "--tokens", "8", "--warmup", "0", "--iters", "2",
+            "--backend", "gloo", "--results-dir", str(tmp_path)]
+    assert tp_bench.main(argv) == 0
+    rows = ResultStore(tp_bench.BENCH, tp_bench.KEY, device="cpu", root=tmp_path).rows()
+    assert {(r["variant"], r["mode"]) for r in rows} == {
+        (v, m) for v in tp_bench.VARIANTS for m in tp_bench.MODES}
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in rows)
+    by = {(r["variant"], r["mode"]): r for r in rows}
+    # fp32, sums of 32 terms split in two: far below 1e-5 relative
+    assert by["tp", "forward"]["max_rel_err_vs_unsharded"] < 1e-5
+    assert by["tp", "forward-backward"]["all_reduces"] == 2
+    assert by["tp", "forward"]["all_reduce_bytes"] == 8 * 16 * 4
+    assert by["unsharded", "forward"]["flops_per_rank"] == 2 * by["tp_compute", "forward"]["flops_per_rank"]
+    assert tp_bench.main(argv) == 0  # every cell stored: nothing measured again
+    assert len(ResultStore(tp_bench.BENCH, tp_bench.KEY, device="cpu", root=tmp_path).rows()) == len(rows)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--tokens", "0"], "--tokens"),
+    (["--world-size", "1"], "--world-size"),
+    (["--d-ff", "1", "--backend", "gloo"], "--d-ff"),
+    (["--modes", "sideways"], "--modes"),
+    (["--backend", "nccl", "--world-size", "64"], "--backend"),
+])
+def test_tp_bench_bad_arguments_exit_2(argv, flag, capsys, tmp_path):
+    from cs336_systems.parallelism import tp_bench
+
+    with pytest.raises(SystemExit) as info:
+        tp_bench.main([*argv, "--results-dir", str(tmp_path)])
+    assert info.value.code == 2
+    assert flag in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
