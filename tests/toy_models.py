@@ -15,9 +15,17 @@ Each carries one of the traps a data-parallel wrapper must survive:
   gradient; finishing gradient synchronization must not wait for it.
 - `ToyModelWithBuffer`: a registered buffer (running statistic) that must be broadcast too.
 
-The reference: `train_reference` runs the same steps on the whole batch in one process;
-a data-parallel run gives each rank `shard(batch, rank, world_size)` and must end bit-close to it
-(the loss is a mean over the batch, so the mean of the per-shard gradients is the full-batch one).
+Two references for a data-parallel run in which each rank trains on `shard(batch, rank, world_size)`:
+
+- `train_reference` runs the same steps on the whole batch in one process: the semantics DDP must
+  have (the loss is a mean over equal shards, so the mean of the per-shard gradients is the
+  full-batch gradient). In floating point the two only agree to within rounding, and an optimizer
+  such as AdamW can turn a rounding-level difference into a visible one (tests/tolerances.py, and
+  tests/test_ddp_stages.py for why), so the tests compare *gradients* with it, under a derived bound.
+- `train_sharded_reference` repeats the data-parallel arithmetic in one process: each rank's
+  shard gradient separately, divided by the world size, summed. For two ranks that is exactly what
+  the all-reduce computes (a + b == b + a in IEEE arithmetic, and dividing by 2 is exact), so a
+  correct wrapper matches it bit for bit, whatever the CPU's summation order.
 """
 
 from __future__ import annotations
@@ -105,9 +113,10 @@ class ToyModelWithBuffer(nn.Module):
         self.register_buffer("scale", torch.rand(IN_FEATURES) + 0.5)
         self.fc1 = nn.Linear(10, 16)
         self.fc2 = nn.Linear(16, OUT_FEATURES)
+        self.tanh = nn.Tanh()  # a module, so tests/tolerances.py can drop it from the magnitude net
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.fc1(x * self.scale)))
+        return self.fc2(self.tanh(self.fc1(x * self.scale)))
 
 
 TOY_MODELS: dict[str, type[nn.Module]] = {
@@ -161,6 +170,45 @@ def train_reference(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torc
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
+        optimizer.step()
+    return model
+
+
+def average_shard_gradients(model: nn.Module, batch: Sequence[torch.Tensor], world_size: int,
+                            micro_batches: int = 1,
+                            loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                            = nn.functional.mse_loss) -> None:
+    """Set each trainable parameter's .grad to what a data-parallel step leaves there, by the same
+    arithmetic: rank r's gradient from its own shard (its `micro_batches` accumulated in .grad, each
+    loss divided by their number, as inside no_sync), divided by world_size, summed over ranks in
+    rank order. Parameters that get no gradient keep .grad None."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    per_rank = []
+    for r in range(world_size):
+        for p in params:
+            p.grad = None
+        x, y = shard(batch, r, world_size)
+        for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+            loss = loss_fn(model(xm), ym)
+            (loss / micro_batches if micro_batches > 1 else loss).backward()
+        per_rank.append([p.grad for p in params])
+    for i, p in enumerate(params):
+        grads = [g[i] for g in per_rank]
+        p.grad = None if grads[0] is None else sum((g / world_size for g in grads[1:]),
+                                                   grads[0] / world_size)
+
+
+def train_sharded_reference(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                            world_size: int,
+                            optimizer_factory: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+                            = default_optimizer, micro_batches: int = 1) -> nn.Module:
+    """`train_reference`, but each step's gradient is `average_shard_gradients`: what `world_size`
+    data-parallel ranks compute, in one process. Returns the trained deep copy of `model`."""
+    model = copy.deepcopy(model)
+    optimizer = optimizer_factory([p for p in model.parameters() if p.requires_grad])
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        average_shard_gradients(model, batch, world_size, micro_batches)
         optimizer.step()
     return model
 
