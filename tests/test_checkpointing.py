@@ -251,3 +251,33 @@ def test_single_level_peak_validation_and_table():
     assert peaks == sorted(peaks, reverse=True)
     forwards = [r["block_forwards"] for r in rows]
     assert forwards == sorted(forwards)
+
+
+# -- the benchmark CLI -------------------------------------------------------------------------------
+
+def test_checkpoint_bench_on_cpu(tmp_path):
+    from cs336_systems.bench.store import ResultStore
+    from cs336_systems.profiling import checkpoint_bench as cb
+
+    argv = ["--size", "tiny", "--context", "16", "--batch", "2", "--ks", "0,1,2", "--warmup", "0",
+            "--steps", "1", "--device", "cpu", "--results-dir", str(tmp_path)]
+    assert cb.main(argv) == 0
+    rows = {r["checkpoint_every"]: r for r in ResultStore(cb.BENCH, cb.KEY, device="cpu", root=tmp_path).rows()}
+    assert set(rows) == {0, 1, 2} and all(r["status"] == "ok" and r["mean_ms"] > 0 for r in rows.values())
+    saved = {k: r["saved_after_forward_gib"] for k, r in rows.items()}
+    assert saved[2] < saved[1] < saved[0]
+    assert rows[1]["live_peak_gib"] < rows[0]["live_peak_gib"]
+    assert rows[1]["segments"] == 2 and rows[0]["segments"] == 0
+
+
+@pytest.mark.parametrize("argv, flag", [(["--ks", "0,3"], "--ks"), (["--ks", "-1"], "--ks"),
+                                        (["--size", "huge"], "--size"), (["--steps", "0"], "--steps"),
+                                        (["--mode", "forward"], "--mode")])
+def test_checkpoint_bench_bad_arguments_exit_2(argv, flag, capsys, tmp_path):
+    from cs336_systems.profiling import checkpoint_bench as cb
+
+    with pytest.raises(SystemExit) as info:
+        cb.main(["--size", "tiny", "--device", "cpu", *argv, "--results-dir", str(tmp_path)])
+    assert info.value.code == 2
+    assert flag in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

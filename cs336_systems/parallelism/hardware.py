@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cs336_systems.bench.device import PEAK_FLOPS
+
 
 @dataclass(frozen=True)
 class Device:
@@ -34,12 +36,12 @@ class Device:
 
 
 # --8<-- [start:devices]
-H200_NVLINK = Device("H200 SXM, NVLink 4", flops=989e12, egress_bandwidth=450e9,
+H200_NVLINK = Device("H200 SXM, NVLink 4", flops=PEAK_FLOPS["H200"]["bf16"], egress_bandwidth=450e9,
                      memory_bytes=141e9,
                      source="NVIDIA H200 datasheet: 1,979 TFLOP/s bf16 with sparsity (989 dense), "
                             "NVLink 900 GB/s (both directions), 141 GB HBM3e")
 # Across nodes: one 400 Gb/s NDR InfiniBand adapter per GPU, as in an HGX H200 cluster.
-H200_INFINIBAND = Device("H200 SXM, 400 Gb/s InfiniBand per GPU", flops=989e12,
+H200_INFINIBAND = Device("H200 SXM, 400 Gb/s InfiniBand per GPU", flops=PEAK_FLOPS["H200"]["bf16"],
                          egress_bandwidth=50e9, memory_bytes=141e9,
                          source="H200 datasheet (C); NDR InfiniBand 400 Gb/s = 50 GB/s per direction")
 B200_NVLINK = Device("B200, NVLink 5", flops=2.25e15, egress_bandwidth=900e9, memory_bytes=180e9,

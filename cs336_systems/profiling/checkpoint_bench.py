@@ -1,0 +1,112 @@
+"""Single-level gradient checkpointing measured (problem gradient_checkpointing (b)):
+`python -m cs336_systems.bench checkpointing`.
+
+The xl model, batch 4, context 2048 (the handout's setting) by default: one step time and peak
+memory per block size k of TransformerLM.checkpoint_every (0 = no checkpointing), so the best k and
+its neighbours can be read off one run. Rows: results/memory/checkpointing/<device>.jsonl.
+
+Per k: --warmup untimed steps, then --steps timed (profiling.benchmark.measure: the allocator's peak
+over the timed steps on CUDA), then one forward whose saved tensors are counted (what the forward
+leaves for the backward: the segment inputs plus everything outside the blocks). On CPU there is no
+allocator peak; one more step under LiveTensorBytes gives the peak of live tensor bytes instead.
+`python -m cs336_systems.bench checkpointing --size tiny --device cpu` is the CPU smoke run.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from cs336_systems.bench.cli import Parser, at_least, check_cuda, csv_of, open_store
+from cs336_systems.bench.sweep import exit_code, run_sweep
+from cs336_systems.model import cross_entropy, get_config, use_attention
+from cs336_systems.model.attention import ATTENTION_IMPLS
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
+from cs336_systems.sharding.accounting import saved_activation_bytes
+
+from .benchmark import measure
+from .checkpointing import LiveTensorBytes
+from .steps import DTYPES, MODES, autocast_context, build_model, random_batch
+
+BENCH = "memory/checkpointing"
+KEY = ["size", "context", "batch", "mode", "dtype", "attention", "checkpoint_every", "warmup", "steps"]
+GIB = 2**30
+
+
+def saved_after_forward(model, x, y, dtype: str) -> int:
+    """Bytes autograd holds for the backward once forward and loss are done (parameters excluded)."""
+    with saved_activation_bytes(model.parameters()) as saved, autocast_context(dtype, x.device)():
+        cross_entropy(model(x).flatten(0, 1), y.flatten())
+    return saved["bytes"]
+
+
+def live_peak_of_step(model, x, y, dtype: str) -> int:
+    """Peak live tensor bytes of one forward + backward, gradients allocated beforehand (CPU)."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with LiveTensorBytes() as mem, autocast_context(dtype, x.device)():
+        cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    model.zero_grad(set_to_none=True)
+    return mem.peak
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="checkpointing", description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="xl", choices=[*PRESETS, *PRESETS_EXTRA])
+    p.add_argument("--context", type=at_least(1), default=2048)
+    p.add_argument("--batch", type=at_least(1), default=4)
+    p.add_argument("--ks", type=csv_of(at_least(0)), default=[0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 48],
+                   help="block sizes k (checkpoint every k blocks; 0 = none); each <= num_layers")
+    p.add_argument("--mode", choices=[m for m in MODES if m != "forward"], default="forward-backward")
+    p.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    p.add_argument("--attention", choices=list(ATTENTION_IMPLS), default="naive")
+    p.add_argument("--warmup", type=at_least(0), default=2)
+    p.add_argument("--steps", type=at_least(1), default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--results-dir", default=None, help="results root (default: results/)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    check_cuda(p, args.device)
+    cfg = get_config(args.size, args.context)
+    too_big = [k for k in args.ks if k > cfg.num_layers]
+    if too_big:
+        p.error(f"--ks: {too_big} exceed the {args.size} model's {cfg.num_layers} layers")
+    store = open_store(p, BENCH, KEY, device=None if args.device.startswith("cuda") else "cpu",
+                       root=args.results_dir)
+    dev = torch.device(args.device)
+    cells = [{"size": args.size, "context": args.context, "batch": args.batch, "mode": args.mode,
+              "dtype": args.dtype, "attention": args.attention, "checkpoint_every": k,
+              "warmup": args.warmup, "steps": args.steps} for k in args.ks]
+    model = None
+
+    def run(cell: dict) -> dict:
+        nonlocal model
+        model = model or build_model(cfg, dev)
+        k = cell["checkpoint_every"]
+        model.checkpoint_every = k
+        params_bytes = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+        with use_attention(args.attention):
+            out = measure(model, cfg, mode=args.mode, dtype=args.dtype, batch=args.batch,
+                          context=args.context, warmup=args.warmup, steps=args.steps, device=dev)
+            model.zero_grad(set_to_none=True)
+            x, y = random_batch(cfg, args.batch, args.context, dev)
+            out["saved_after_forward_gib"] = saved_after_forward(model, x, y, args.dtype) / GIB
+            if dev.type == "cpu":
+                out["live_peak_gib"] = live_peak_of_step(model, x, y, args.dtype) / GIB
+        out["segments"] = math.ceil(cfg.num_layers / k) if k else 0
+        # one segment input: the fp32 residual stream (b, s, d)
+        out["checkpoint_gib"] = 4 * args.batch * args.context * cfg.d_model / GIB
+        out["params_gib"] = params_bytes / GIB if params_bytes is not None else None
+        return out
+
+    return exit_code(run_sweep(store, cells, run, desc="checkpointing"), BENCH)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
