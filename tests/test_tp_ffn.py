@@ -22,10 +22,11 @@ TOL = dict(rtol=1e-12, atol=1e-12)
 
 
 def _case(worker: Worker, d_ff: int) -> dict:
-    torch.manual_seed(0)  # the same full FFN and data on every rank
+    torch.manual_seed(0)  # the same full FFN and data on every rank (drawn on the CPU, then moved)
     ffn = SwiGLU(D_MODEL, d_ff, dtype=torch.float64)
     x = torch.randn(TOKENS, D_MODEL, dtype=torch.float64)
     dy = torch.randn(TOKENS, D_MODEL, dtype=torch.float64)
+    ffn, x, dy = ffn.to(worker.device), x.to(worker.device), dy.to(worker.device)
     tp = TensorParallelSwiGLU(ffn)
 
     calls: list[int] = []
@@ -45,7 +46,8 @@ def _case(worker: Worker, d_ff: int) -> dict:
             y.backward(dy)
     finally:
         dist.all_reduce = all_reduce
-    return {"y": y.detach(), "dx": x_tp.grad, "grads": {n: p.grad for n, p in tp.named_parameters()},
+    return {"y": y.detach().cpu(), "dx": x_tp.grad.cpu(),
+            "grads": {n: p.grad.cpu() for n, p in tp.named_parameters()},
             "forward_calls": forward_calls, "backward_calls": calls[len(forward_calls):],
             "flops": (fwd_flops.get_total_flops(), bwd_flops.get_total_flops()),
             "d_ff_r": tp.w1.shape[0]}
@@ -65,10 +67,15 @@ def _reference(d_ff: int):
     return ffn, y.detach(), x.grad
 
 
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2,
+                              reason="needs 2 CUDA GPUs: the same check over NCCL")
+
+
 @pytest.mark.distributed
-def test_tensor_parallel_ffn_matches_unsharded_and_counts():
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=[pytest.mark.gpu, TWO_GPUS])])
+def test_tensor_parallel_ffn_matches_unsharded_and_counts(backend):
     N = 2
-    results = spawn(_tp_cases, N)
+    results = spawn(_tp_cases, N, backend=backend)
     for d_ff in (48, 51):
         ffn, y_ref, dx_ref = _reference(d_ff)
         for rank, res in enumerate(r[d_ff] for r in results):
