@@ -148,8 +148,6 @@ _CELLS = {
     "gloo_cpu_1gb_busbw": (GPU, "gloo+cpu", 2, GB_MB, "busbw_gbps", 1, ".2f"),
     "gloo_cuda_1mb_ms": (GPU, "gloo+cuda", 2, 1, "time_ms", 1, ".2f"),
     "gloo_cpu_1mb_ms": (GPU, "gloo+cpu", 2, 1, "time_ms", 1, ".2f"),
-    "gloo_cuda_4kb_ms": (GPU, "gloo+cuda", 2, PROBE_MB, "time_ms", 1, ".2f"),
-    "gloo_cpu_4kb_ms": (GPU, "gloo+cpu", 2, PROBE_MB, "time_ms", 1, ".2f"),
     "cpu_4kb_ms_2": (CPU, "gloo+cpu", 2, PROBE_MB, "time_ms", 1, ".2f"),
     "cpu_4kb_ms_4": (CPU, "gloo+cpu", 4, PROBE_MB, "time_ms", 1, ".1f"),
     "cpu_4kb_ms_6": (CPU, "gloo+cpu", 6, PROBE_MB, "time_ms", 1, ".1f"),

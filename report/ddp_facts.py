@@ -194,8 +194,7 @@ def _run_value(run: int, label: str, column: str) -> float:
     return float(per_run(GPU, column).loc[run, label])
 
 
-for _label in ["compute-only", "naive", "flat", "overlap", "bucketed 1 MB", "bucketed 10 MB",
-               "bucketed 100 MB", "bucketed 1000 MB", "torch-ddp"]:
+for _label in ["naive", "flat", "overlap", "bucketed 1 MB", "bucketed 10 MB"]:  # those runs.md quotes
     for _run in (1, 2):
         fact(f"ddp.gpu_run{_run}_{_slug(_label)}_ms")(partial(lambda r, k: _ms(_run_value(r, k, "step_ms")), _run, _label))
         fact(f"ddp.gpu_run{_run}_{_slug(_label)}_std_ms")(
