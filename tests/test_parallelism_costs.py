@@ -17,7 +17,7 @@ from cs336_systems.model.layers import SwiGLU
 from cs336_systems.parallelism import answers, costs, ring
 from cs336_systems.parallelism.hardware import H200_NVLINK, Device
 from cs336_systems.parallelism.tp_ffn import shard_swiglu, swiglu_partial
-from cs336_systems.sharding.accounting import saved_activation_bytes
+from cs336_systems.sharding.accounting import communication_bytes_per_rank, saved_activation_bytes
 
 B, D, FF = 8, 12, 20  # tokens, d_model, d_ff of a small FFN
 
@@ -141,6 +141,17 @@ def test_activation_bytes_against_saved_tensors(strategy, N_fsdp, N_tp):
     x_bytes = 2 * rows.numel()  # x itself is saved, but it is the input: excluded from `saved`
     assert saved["bytes"] + x_bytes == mem["activations"] + silu_out
     assert mem["state"] == 3 * D * FF * 16 / {"dp": 1, "fsdp": N_fsdp, "tp": N_tp, "fsdp_tp": N_fsdp * N_tp}[strategy]
+
+
+@pytest.mark.parametrize("N", [2, 8])
+def test_comm_agrees_with_the_sharding_chapters_accounting(N):
+    """The DDP/ZeRO-3 bytes per rank of sharding.accounting, for the FFN's 3DF fp16 parameters,
+    are what these times carry at W = 1 byte/s."""
+    n = 3 * D * FF
+    assert costs.dp_comm_time(D, FF, N, 1) == pytest.approx(
+        communication_bytes_per_rank("ddp", n, N, grad_bytes=2, param_bytes=2))
+    fsdp_step = costs.fsdp_comm_time(D, FF, N, 1, "forward") + costs.fsdp_comm_time(D, FF, N, 1, "backward")
+    assert fsdp_step == pytest.approx(communication_bytes_per_rank("zero3", n, N, grad_bytes=2, param_bytes=2))
 
 
 # -- the inequalities, symbolically ----------------------------------------------------------------

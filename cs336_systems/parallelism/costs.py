@@ -17,6 +17,8 @@ Every function takes numbers or sympy symbols, so tests can solve the inequaliti
 
 from __future__ import annotations
 
+from cs336_systems.sharding.accounting import MIXED_ADAMW, Precision, memory_per_rank
+
 BYTES = 2  # fp16 / bf16, as the handout assumes
 
 
@@ -143,11 +145,11 @@ def fsdp_tp_split(B, F, C, W, overlap: bool = True, b=BYTES) -> tuple:
 
 # -- memory per device -----------------------------------------------------------------------------
 
-def ffn_memory_per_device(B, D, F, strategy: str, N_fsdp=1, N_tp=1, state_bytes_per_param=16,
-                          b=BYTES) -> dict:
+def ffn_memory_per_device(B, D, F, strategy: str, N_fsdp=1, N_tp=1,
+                          precision: Precision = MIXED_ADAMW, b=BYTES) -> dict:
     """Bytes per device of the FFN's training state and saved activations.
 
-    State: 3DF parameters at `state_bytes_per_param` (16 = the ZeRO paper's mixed-precision Adam:
+    State: 3DF parameters at `precision` (default the ZeRO paper's mixed-precision Adam, 16 bytes:
     bf16 weights and grads, fp32 master, m, v), divided by the devices that shard it: N_FSDP
     (FSDP), N_TP (TP), both (2-D); DP replicates it. Activations saved for backward, b bytes each:
     x (B, D), x1, x2, z (B, F): the batch is split over the data axis (DP/FSDP) and F over TP,
@@ -159,6 +161,7 @@ def ffn_memory_per_device(B, D, F, strategy: str, N_fsdp=1, N_tp=1, state_bytes_
     batch_split = N_fsdp if strategy != "tp" else 1
     f_split = N_tp if strategy in ("tp", "fsdp_tp") else 1
     state_split = {"dp": 1, "fsdp": N_fsdp, "tp": N_tp, "fsdp_tp": N_fsdp * N_tp}[strategy]
-    state = 3 * D * F * state_bytes_per_param / state_split
+    # every kind of state divided by the devices that hold a slice of it: ZeRO-3's accounting
+    state = memory_per_rank(3 * D * F, state_split, "zero3", precision).total
     activations = b * (B / batch_split) * (D + 3 * F / f_split)
     return {"state": state, "activations": activations, "total": state + activations}
