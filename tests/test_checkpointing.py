@@ -257,6 +257,7 @@ def test_single_level_optimum_by_brute_force_and_calculus():
     assert sympy.simplify(at_optimum - 2 * sympy.sqrt(L * A * c)) == 0
     for Lv, Av, cv in [(48, 58.0, 1.0), (48, 26.0, 1.0), (100, 1.0, 1.0), (7, 3.0, 5.0)]:
         best = best_block_size(Lv, Av, cv)
+        assert best["k_continuous"] == pytest.approx(float(stationary[0].subs({L: Lv, A: Av, c: cv})))
         brute = min(range(1, Lv + 1), key=lambda kk: math.ceil(Lv / kk) * cv + kk * Av)
         assert best["k_best"] == brute
         others = [best[key] for key in ("peak_smaller", "peak_larger")]

@@ -9,7 +9,7 @@ Strategies, from the most memory to the least:
 
     none          keeps all L blocks' residuals                  memory L*A       forwards L
     single level  segments of k blocks; keeps the L/k segment    memory ceil(L/k)*c + k*A,
-                  inputs, recomputes one segment at a time       minimal at k = sqrt(L*A/c): 2*sqrt(L*A*c);
+                  inputs, recomputes one segment at a time       minimal at k = sqrt(L*c/A): 2*sqrt(L*A*c);
                                                                  forwards 2L (every block once more)
     binary nest   checkpoint each half, recursively              memory O(log L)*c + A, forwards O(L log L)
     peel one      checkpoint(all but the last block), recursively memory c + A (O(1)), forwards O(L^2)
@@ -51,9 +51,9 @@ def single_level_peak(L: int, k: int, A: float, c: float) -> float:
 
 
 def best_block_size(L: int, A: float, c: float) -> dict[str, float]:
-    """The block size minimising single_level_peak: the continuous optimum k* = sqrt(L*A/c)
+    """The block size minimising single_level_peak: the continuous optimum k* = sqrt(L*c/A)
     (d/dk of L*c/k + k*A is zero there) and the best integer k, with both neighbours' peaks."""
-    k_cont = math.sqrt(L * A / c)
+    k_cont = math.sqrt(L * c / A)
     k_best = min(range(1, L + 1), key=lambda k: (single_level_peak(L, k, A, c), k))
     return {"k_continuous": k_cont, "k_best": k_best,
             "peak_best": single_level_peak(L, k_best, A, c),
