@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from cs336_systems.distributed.launch import RankFailed, Worker, spawn
+from cs336_systems.distributed.launch import RankFailed, Worker, remove_stale_spawn_dirs, spawn
 
 pytestmark = pytest.mark.distributed
 
@@ -69,3 +75,68 @@ def test_bad_arguments_are_named(kwargs, match):
 def test_nccl_without_enough_gpus_is_refused_before_spawning():
     with pytest.raises(ValueError, match="GPU"):
         spawn(_sum_ranks, 64, 1.0, backend="nccl")
+
+
+# -- a parent that dies takes its ranks and its temporary directory with it ----------------------
+
+def _write_pid_and_sleep(worker: Worker, pid_dir: str) -> None:
+    (Path(pid_dir) / f"rank{worker.rank}.pid").write_text(str(os.getpid()))
+    time.sleep(600)  # far beyond the test: only the parent's death can end it in time
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie lingers until its new parent reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _poll(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_ranks_exit_and_the_temp_dir_goes_when_the_parent_is_killed(tmp_path):
+    """SIGKILL runs no cleanup in the parent: the ranks must notice on their own."""
+    pids, tmp = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    tmp.mkdir()
+    code = ("from cs336_systems.distributed.launch import spawn\n"
+            "from tests.test_launch import _write_pid_and_sleep\n"
+            f"spawn(_write_pid_and_sleep, 2, {str(pids)!r}, timeout_s=600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                              env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.DEVNULL)
+    try:
+        # Starting two ranks (each imports torch) takes seconds on a busy 2-core machine.
+        assert _poll(lambda: len(list(pids.glob("*.pid"))) == 2, 120), "the ranks never started"
+        ranks = [int(p.read_text()) for p in pids.glob("*.pid")]
+        assert [d.name.startswith(f"cs336-spawn-{parent.pid}-") for d in tmp.iterdir()] == [True]
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        # The watch polls every PARENT_POLL_S; allow for a loaded machine.
+        assert _poll(lambda: not any(_running(p) for p in ranks), 10), "ranks outlived their parent"
+        assert _poll(lambda: not list(tmp.iterdir()), 5), f"left behind: {list(tmp.iterdir())}"
+    finally:
+        parent.kill()
+        for p in pids.glob("*.pid"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(p.read_text()), signal.SIGKILL)
+
+
+def test_the_next_spawn_removes_directories_of_dead_parents(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    stale = tmp_path / f"cs336-spawn-{dead.stdout.strip()}-abc"
+    live = tmp_path / f"cs336-spawn-{os.getpid()}-abc"
+    stale.mkdir()
+    live.mkdir()
+    (stale / "rank0.pt").write_bytes(b"x")
+    assert remove_stale_spawn_dirs(tmp_path) == [stale]
+    assert not stale.exists() and live.exists()

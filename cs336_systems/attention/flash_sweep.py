@@ -24,12 +24,14 @@ from pathlib import Path
 
 import torch
 
+from ..bench.cli import Parser, at_least, csv_of, open_store, positive
 from ..bench.store import ResultStore
-from ..bench.sweep import run_sweep
+from ..bench.sweep import exit_code, run_sweep
 from ..bench.timing import gpu_bench
 from .flops import MODES, attention_flops, tflops
 
 BENCH = "attention/flash_sweep"
+KEY = ["impl", "dtype", "d", "seq", "mode"]
 SEQS = tuple(2**p for p in range(7, 17))
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -122,7 +124,7 @@ def cells(impls, dtypes, dims, seqs, modes) -> list[dict]:
 
 
 def run(args) -> int:
-    store = ResultStore(BENCH, key=["impl", "dtype", "d", "seq", "mode"], root=args.results_dir)
+    store = ResultStore(BENCH, key=KEY, root=args.results_dir)
     grid = cells(args.impls, args.dtypes, args.dims, args.seqs, args.modes)
     if args.remeasure:  # measure again; the old rows stay in the file, readers keep the newest
         for cell in grid:
@@ -135,49 +137,44 @@ def run(args) -> int:
     if "triton" in args.impls and args.workers > 1:
         precompile_triton(args.dtypes, args.dims, args.seqs, args.workers)
     deadline = time.monotonic() + args.max_minutes * 60
+    written: list[dict] = []
     for impl in args.impls:  # in priority order: what is left at the deadline resumes next run
         for dt, d in itertools.product(args.dtypes, args.dims):
             if time.monotonic() > deadline:
                 print(f"[flash-sweep] --max-minutes reached; rerun to resume", file=sys.stderr)
-                return 0
-            run_sweep(store, [c for c in grid if (c["impl"], c["dtype"], c["d"]) == (impl, dt, d)],
-                      measure, desc=f"{impl} {dt} d={d}")
-    return 0
+                return exit_code(written, BENCH)
+            written += run_sweep(store, [c for c in grid if (c["impl"], c["dtype"], c["d"]) == (impl, dt, d)],
+                                 measure, desc=f"{impl} {dt} d={d}")
+    return exit_code(written, BENCH)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="flash-sweep", description=__doc__.splitlines()[0])
-    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, in order, from {','.join(IMPLS)}")
-    ap.add_argument("--dtypes", default="bf16,fp32")
-    ap.add_argument("--dims", default=",".join(map(str, HEAD_DIMS)))
-    ap.add_argument("--seqs", default=",".join(map(str, SEQS)))
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--max-minutes", type=float, default=60.0, help="start no new group after this long")
-    ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
+    ap = Parser(prog="flash-sweep", description=__doc__.splitlines()[0])
+    ap.add_argument("--impls", type=csv_of(choices=IMPLS), default=list(IMPLS),
+                    help=f"comma-separated, in order, from {','.join(IMPLS)}")
+    ap.add_argument("--dtypes", type=csv_of(choices=tuple(DTYPES)), default=["bf16", "fp32"])
+    ap.add_argument("--dims", type=csv_of(head_dim), default=list(HEAD_DIMS))
+    ap.add_argument("--seqs", type=csv_of(at_least(1)), default=list(SEQS))
+    ap.add_argument("--modes", type=csv_of(choices=MODES), default=list(MODES))
+    ap.add_argument("--max-minutes", type=positive(float), default=60.0, help="start no new group after this long")
+    ap.add_argument("--workers", type=at_least(1), default=max(1, min(12, (os.cpu_count() or 2) - 2)),
                     help="processes compiling the Triton kernels ahead of timing")
     ap.add_argument("--remeasure", action="store_true",
                     help="time the selected cells again even if stored (e.g. after a kernel change)")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    lists = {}
-    for name, allowed in (("impls", IMPLS), ("dtypes", tuple(DTYPES)), ("modes", MODES)):
-        lists[name] = [s for s in getattr(args, name).split(",") if s]
-        if bad := [s for s in lists[name] if s not in allowed]:
-            ap.error(f"--{name}: unknown {bad}; choose from {','.join(allowed)}")
-    try:
-        dims = [int(s) for s in args.dims.split(",") if s]
-        seqs = [int(s) for s in args.seqs.split(",") if s]
-    except ValueError:
-        ap.error("--dims and --seqs take comma-separated integers")
-    if bad := [d for d in dims if not 16 <= d <= 128]:
-        ap.error(f"--dims: head dims must be in 16..128, got {bad}")
-    if bad := [n for n in seqs if n < 1]:
-        ap.error(f"--seqs: sequence lengths must be positive, got {bad}")
     if not torch.cuda.is_available():
         ap.error("the sweep needs a CUDA GPU (the site draws its figures from the stored results)")
-    args.impls, args.dtypes, args.modes, args.dims, args.seqs = (
-        lists["impls"], lists["dtypes"], lists["modes"], dims, seqs)
+    open_store(ap, BENCH, KEY, root=args.results_dir)  # a foreign file or uncommitted code: exit 2 now
     return run(args)
+
+
+def head_dim(text: str) -> int:
+    """argparse type: a head dimension the kernels take, 16..128."""
+    d = int(text) if text.strip().lstrip("-").isdigit() else None
+    if d is None or not 16 <= d <= 128:
+        raise argparse.ArgumentTypeError(f"expected a head dim in 16..128, got {text!r}")
+    return d
 
 
 if __name__ == "__main__":

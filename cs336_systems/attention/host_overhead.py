@@ -12,7 +12,6 @@ on the GPU and the wall time per call is the host's alone.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -70,22 +69,22 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench.store import ResultStore
+    from ..bench.cli import Parser, at_least, open_store
 
-    ap = argparse.ArgumentParser(prog="host_overhead", description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=16384)
-    ap.add_argument("--d", type=int, default=64)
-    ap.add_argument("--calls", type=int, default=50, help="calls per timing (all queued behind one GPU spin)")
-    ap.add_argument("--rounds", type=int, default=5, help="timings per piece; the median is reported")
+    ap = Parser(prog="host_overhead", description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=at_least(1), default=16)
+    ap.add_argument("--heads", type=at_least(1), default=16)
+    ap.add_argument("--seq", type=at_least(1), default=16384)
+    ap.add_argument("--d", type=at_least(1), default=64)
+    ap.add_argument("--calls", type=at_least(1), default=50, help="calls per timing (all queued behind one GPU spin)")
+    ap.add_argument("--rounds", type=at_least(1), default=5, help="timings per piece; the median is reported")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    if min(args.calls, args.rounds) <= 0:
-        ap.error("--calls and --rounds must be positive")
+    if args.batch % args.heads:
+        ap.error(f"--heads must divide --batch, got {args.heads} and {args.batch}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (it times the host against a busy GPU)")
-    store = ResultStore(BENCH, key=["run", "piece"], root=args.results_dir)
+    store = open_store(ap, BENCH, ["run", "piece"], root=args.results_dir)
     run = time.strftime("%Y%m%dT%H%M%S")
     for name, fn in pieces(args.batch, args.heads, args.seq, args.d).items():
         for _ in range(3):  # compile, autotune-free warm-up, allocator warm-up

@@ -16,15 +16,14 @@ its power limit and the clock it settles at differs between implementations).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
 
 import torch
 
-from ..bench.store import ResultStore
-from ..bench.sweep import free_memory, is_oom
+from ..bench.cli import Parser, at_least, csv_of, open_store, positive
+from ..bench.sweep import exit_code, free_memory, is_oom
 from ..bench.timing import gpu_bench
 from ..profiling.clocks import ClockSampler
 from .flops import attention_flops, tflops
@@ -98,30 +97,30 @@ def check_against_cudnn(q, k, v, heads: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="flash-leaderboard", description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=16, help="batch*heads (the leaderboard folds 16 heads into batch)")
-    ap.add_argument("--heads", type=int, default=16, help="how SDPA/flex see the batch: (batch/heads, heads, seq, d)")
-    ap.add_argument("--seq", type=int, default=16384)
-    ap.add_argument("--d", type=int, default=64)
+    ap = Parser(prog="flash-leaderboard", description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=at_least(1), default=16,
+                    help="batch*heads (the leaderboard folds 16 heads into batch)")
+    ap.add_argument("--heads", type=at_least(1), default=16,
+                    help="how SDPA/flex see the batch: (batch/heads, heads, seq, d)")
+    ap.add_argument("--seq", type=at_least(1), default=16384)
+    ap.add_argument("--d", type=at_least(1), default=64)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    ap.add_argument("--rep", type=float, default=10000, help="do_bench rep (ms) for the mean")
-    ap.add_argument("--warmup", type=float, default=1000, help="do_bench warmup (ms)")
-    ap.add_argument("--median-rep", type=float, default=2000, help="do_bench rep (ms) for the median")
-    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
-    ap.add_argument("--tolerance", type=float, default=2e-2, help="max relative error vs cuDNN")
+    ap.add_argument("--rep", type=positive(float), default=10000, help="do_bench rep (ms) for the mean")
+    ap.add_argument("--warmup", type=positive(float), default=1000, help="do_bench warmup (ms)")
+    ap.add_argument("--median-rep", type=positive(float), default=2000, help="do_bench rep (ms) for the median")
+    ap.add_argument("--impls", type=csv_of(choices=IMPLS), default=list(IMPLS),
+                    help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--tolerance", type=positive(float), default=2e-2, help="max relative error vs cuDNN")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    impls = [s for s in args.impls.split(",") if s]
-    if bad := [s for s in impls if s not in IMPLS]:
-        ap.error(f"--impls: unknown {bad}; choose from {','.join(IMPLS)}")
+    impls = list(args.impls)
     if args.batch % args.heads:
         ap.error(f"--heads must divide --batch, got {args.heads} and {args.batch}")
-    if min(args.rep, args.warmup, args.median_rep) <= 0:
-        ap.error("--rep, --warmup and --median-rep must be positive")
     if not torch.cuda.is_available():
         ap.error("the leaderboard needs a CUDA GPU")
 
-    store = ResultStore(BENCH, key=["impl", "mode", "run"], root=args.results_dir)
+    store = open_store(ap, BENCH, ["impl", "mode", "run"], root=args.results_dir)
+    written = []
     run = time.strftime("%Y%m%dT%H%M%S")
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(args.batch, args.seq, args.d, device="cuda", dtype=DTYPES[args.dtype], generator=g,
@@ -135,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[leaderboard] ours vs cuDNN: {checks}", file=sys.stderr, flush=True)
         if wrong:
             for mode in ("fwd_bwd", "fwd"):
-                store.append({**base, "impl": "ours", "mode": mode}, checks, status="error",
-                             error=f"output differs from cuDNN beyond {args.tolerance}: {wrong}")
+                written.append(store.append({**base, "impl": "ours", "mode": mode}, checks, status="error",
+                                            error=f"output differs from cuDNN beyond {args.tolerance}: {wrong}"))
             impls.remove("ours")
         free_memory()
 
@@ -168,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001 - one failing baseline must not sink the others
             status = "oom" if is_oom(exc) else "error"
-            store.append({**base, "impl": impl, "mode": "fwd_bwd"}, status=status, error=f"{type(exc).__name__}: {exc}")
+            written.append(store.append({**base, "impl": impl, "mode": "fwd_bwd"}, status=status,
+                                        error=f"{type(exc).__name__}: {exc}"))
             print(f"[leaderboard] {impl}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr, flush=True)
         finally:
             q.grad = k.grad = v.grad = None
             free_memory()
-    return 0
+    return exit_code(written, BENCH)
 
 
 if __name__ == "__main__":

@@ -73,8 +73,8 @@ def csv_of(kind: Callable[[str], Any] = str, *, choices: Sequence[Any] | None = 
                 continue
             try:
                 value = kind(item)
-            except (ValueError, argparse.ArgumentTypeError) as exc:
-                raise argparse.ArgumentTypeError(f"{item!r}: {exc}") from None
+            except (ValueError, argparse.ArgumentTypeError) as exc:  # the message names the item
+                raise argparse.ArgumentTypeError(str(exc)) from None
             if choices is not None and value not in choices:
                 raise argparse.ArgumentTypeError(
                     f"unknown {item!r}; expected comma-separated values from {', '.join(map(str, choices))}")

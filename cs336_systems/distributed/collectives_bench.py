@@ -30,8 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cs336_systems.bench.cli import Parser, at_least, open_store, positive
 from cs336_systems.bench.store import ResultStore
-from cs336_systems.bench.sweep import run_sweep
+from cs336_systems.bench.sweep import EXIT_INCOMPLETE, exit_code, run_sweep, worst
 from cs336_systems.bench.timing import synchronize
 from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
 
@@ -118,20 +119,24 @@ def mem_available_bytes() -> int | None:
     return None
 
 
-def why_not_runnable(backend: str, device_type: str, world_size: int,
-                     size_mb: float) -> str | None:
-    """The reason this machine cannot run the cell, or None if it can."""
-    if device_type == "cuda":
-        have = torch.cuda.device_count()
-        if have < world_size:
-            return f"{backend} on CUDA tensors needs {world_size} GPUs, {have} visible"
-    else:
-        # Measured here: a rank holds the tensor plus ~0.25 GB of PyTorch; gloo adds no full copy.
-        need = world_size * (size_mb * MIB + 0.5 * 1024 * MIB)
-        have = mem_available_bytes()
-        if have is not None and need > 0.8 * have:
-            return (f"{world_size} ranks x {size_mb} MB need ~{need / 1e9:.1f} GB of host memory, "
-                    f"{have / 1e9:.1f} GB available")
+def gpus_missing(backends: list[str], world_sizes: list[int]) -> str | None:
+    """Why this machine cannot run the CUDA backends asked for (one GPU per rank), or None."""
+    cuda = [b for b in backends if BACKENDS[b][1] == "cuda"]
+    have, need = torch.cuda.device_count(), max(world_sizes)
+    if cuda and have < need:
+        return (f"{' and '.join(cuda)} needs one GPU per rank: {need} ranks, {have} GPU(s) visible "
+                f"(lower --world-sizes, or run on a GPU node)")
+    return None
+
+
+def host_memory_short(world_size: int, size_mb: float) -> str | None:
+    """Why the host cannot hold a CPU cell's ranks and tensors, or None if it can."""
+    # Measured here: a rank holds the tensor plus ~0.25 GB of PyTorch; gloo adds no full copy.
+    need = world_size * (size_mb * MIB + 0.5 * 1024 * MIB)
+    have = mem_available_bytes()
+    if have is not None and need > 0.8 * have:
+        return (f"{world_size} ranks x {size_mb} MB need ~{need / 1e9:.1f} GB of host memory, "
+                f"{have / 1e9:.1f} GB available")
     return None
 
 
@@ -140,38 +145,33 @@ def _measure_cells(worker: Worker, cells: list[dict], warmup: int, iters: int | 
             for c in cells]
 
 
-def record_skips(store: ResultStore, cells: list[dict]) -> list[dict]:
-    """Write a 'skipped' row (with the reason) for each cell this machine cannot run; return the
-    others. 'skipped' is not a finished status, so a machine that can run the cell will."""
-    runnable, logged = [], {(tuple(r[k] for k in KEY), r.get("error")) for r in store.rows()
-                            if r.get("status") == "skipped"}
+def runnable(cells: list[dict]) -> list[dict]:
+    """The cells this host has the memory for. The others are not run and leave no row (a row is
+    a measurement); each is named on stderr."""
+    keep = []
     for cell in cells:
-        reason = why_not_runnable(cell["backend"], cell["device_type"], cell["world_size"],
-                                  cell["size_mb"])
+        reason = host_memory_short(cell["world_size"], cell["size_mb"]) if cell["device_type"] == "cpu" else None
         if reason is None:
-            runnable.append(cell)
-        elif store.has(cell):
-            continue
+            keep.append(cell)
         else:
-            print(f"[{BENCH}] skipping {cell}: {reason}", file=sys.stderr)
-            if (tuple(cell[k] for k in KEY), reason) not in logged:
-                store.append(cell, host_context(cell["world_size"]), status="skipped", error=reason)
-    return runnable
+            print(f"[{BENCH}] not running {cell}: {reason}", file=sys.stderr)
+    return keep
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="collectives", description=__doc__.split("\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog="collectives", description=__doc__.split("\n")[0])
     p.add_argument("--backend", nargs="+", default=["gloo"], choices=list(BACKENDS),
                    help="gloo: CPU tensors; nccl: one GPU per rank; gloo-cuda: gloo on one GPU "
                         "per rank (default: gloo)")
-    p.add_argument("--world-sizes", nargs="+", type=int, default=WORLD_SIZES)
-    p.add_argument("--sizes-mb", nargs="+", type=float, default=[LATENCY_PROBE_MB, *SIZES_MB],
+    p.add_argument("--world-sizes", nargs="+", type=at_least(2), default=WORLD_SIZES,
+                   help="ranks per cell, each >= 2 (default: 2 4 6)")
+    p.add_argument("--sizes-mb", nargs="+", type=positive(float), default=[LATENCY_PROBE_MB, *SIZES_MB],
                    help="MiB per tensor (default: a 4 KB latency probe, then 1, 10, 100, 1024)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=None,
+    p.add_argument("--warmup", type=at_least(0), default=5)
+    p.add_argument("--iters", type=at_least(1), default=None,
                    help="timed iterations per cell (default: 50 below 1 MB, 20 to 10 MB, 10 to "
                         "100 MB, 5 above)")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout per cell")
+    p.add_argument("--timeout-s", type=positive(float), default=300.0, help="collective timeout per cell")
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
     return p
 
@@ -179,19 +179,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if any(w < 2 for w in args.world_sizes):
-        parser.error(f"--world-sizes: need at least 2 ranks each, got {args.world_sizes}")
-    if any(s <= 0 for s in args.sizes_mb):
-        parser.error(f"--sizes-mb: sizes must be positive, got {args.sizes_mb}")
-    if args.warmup < 0 or (args.iters is not None and args.iters < 1):
-        parser.error("--warmup must be >= 0 and --iters >= 1")
+    if in_torchrun() and len(args.backend) != 1:
+        parser.error("--backend: under torchrun pass exactly one")
+    # Ranks on this host: torchrun's local ones, or every rank we spawn.
+    local = [int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))] if in_torchrun() else args.world_sizes
+    if reason := gpus_missing(args.backend, local):
+        parser.error(f"--backend: {reason}")
+    store = open_store(parser, BENCH, KEY, root=args.results_dir)
     if in_torchrun():
-        return _main_torchrun(args)
+        return _main_torchrun(args, store)
     cells = [{"backend": BACKENDS[b][0], "device_type": BACKENDS[b][1], "world_size": w,
               "size_mb": s if s != int(s) else int(s)}
              for b in args.backend for w in args.world_sizes for s in args.sizes_mb]
-    store = ResultStore(BENCH, KEY, root=args.results_dir)
-    cells = record_skips(store, cells)
+    todo = runnable(cells)
 
     def measure(cell: dict) -> dict:
         context = host_context(cell["world_size"])
@@ -201,21 +201,19 @@ def main(argv: list[str] | None = None) -> int:
                      threads_per_rank=1 if cell["device_type"] == "cpu" else None)
         return {**rows[0][0], **context}
 
-    run_sweep(store, cells, measure, desc="all-reduce")
-    return 0
+    code = exit_code(run_sweep(store, todo, measure, desc="all-reduce"), BENCH)
+    return worst(code, EXIT_INCOMPLETE if len(todo) < len(cells) else 0)
 
 
-def _main_torchrun(args: argparse.Namespace) -> int:
+def _main_torchrun(args: argparse.Namespace, rank0_store: ResultStore) -> int:
     """One rank of a torchrun job: the cells whose world size is torchrun's; rank 0 writes."""
     world = int(os.environ["WORLD_SIZE"])
-    if len(args.backend) != 1:
-        raise SystemExit("under torchrun pass exactly one --backend")
     backend, device_type = BACKENDS[args.backend[0]]
     cells = [{"backend": backend, "device_type": device_type, "world_size": world,
               "size_mb": s if s != int(s) else int(s)} for s in args.sizes_mb]
 
     def body(worker: Worker) -> None:
-        store = ResultStore(BENCH, KEY, root=args.results_dir) if worker.rank == 0 else None
+        store = rank0_store if worker.rank == 0 else None
         todo = [[c for c in cells if not store.has(c)] if store else None]
         dist.broadcast_object_list(todo, src=0)  # every rank runs the same cells, in order
         for cell in todo[0]:

@@ -34,11 +34,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.distributed import step_trace
 from cs336_systems.distributed.ddp import STAGES
 from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
 from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
 BENCH, TRACE_BENCH = "ddp/steps", "ddp/trace"
 KEY = ["size", "backend", "device_type", "world_size", "batch_size", "context_length", "stage",
@@ -50,7 +52,7 @@ BUCKET_SIZES_MB = [1, 10, 100, 1000]
 CPU_CONFIG = ModelConfig(vocab_size=10_000, context_length=32, d_model=256, num_layers=8,
                          num_heads=4, d_ff=1024)
 CPU_BATCH = 2  # global: 1 sequence per rank on 2 ranks
-GPU_BATCH = 4  # SPEC.md: batch 4 for every model size
+GPU_BATCH = 4  # the course: batch 4 for every model size
 
 
 def model_config(size: str, context_length: int | None) -> ModelConfig:
@@ -265,27 +267,28 @@ def run_grid(worker: Worker, args: argparse.Namespace, grid: list[dict]) -> None
                       flush=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ddp", description=__doc__.split("\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog="ddp", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    p.add_argument("--size", default="ddp-cpu", help="model preset (small ... 2.7B, tiny) or ddp-cpu")
-    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (torchrun: its own)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--size", default="ddp-cpu", choices=["ddp-cpu", *PRESETS, *PRESETS_EXTRA],
+                   help="model preset (small ... 2.7B, tiny) or ddp-cpu")
+    p.add_argument("--world-size", type=at_least(1), default=2, help="ranks to spawn (torchrun: its own)")
+    p.add_argument("--batch-size", type=at_least(1), default=None,
                    help=f"global batch, split over the ranks (default: {CPU_BATCH} for ddp-cpu, "
                         f"{GPU_BATCH} for the presets)")
-    p.add_argument("--context-length", type=int, default=None, help="default: the preset's")
+    p.add_argument("--context-length", type=at_least(1), default=None, help="default: the preset's")
     p.add_argument("--stages", nargs="+", default=["compute-only", "naive", "flat", "overlap",
                                                    "bucketed", "torch-ddp"],
                    choices=["compute-only", *STAGES, "torch-ddp"])
-    p.add_argument("--bucket-sizes-mb", nargs="+", type=float, default=BUCKET_SIZES_MB)
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration per round")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration per round")
-    p.add_argument("--rounds", type=int, default=None,
+    p.add_argument("--bucket-sizes-mb", nargs="+", type=positive(float), default=BUCKET_SIZES_MB)
+    p.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps per configuration per round")
+    p.add_argument("--steps", type=at_least(1), default=5, help="timed steps per configuration per round")
+    p.add_argument("--rounds", type=at_least(1), default=None,
                    help="passes over the grid, round-robin, against load drift (default: 4 on "
                         "cpu; 1 on cuda, so each row is written as soon as it is measured)")
     p.add_argument("--no-trace", dest="trace", action="store_false", help="skip the profiled step")
-    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--timeout-s", type=positive(float), default=600.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
     return p
 
@@ -295,23 +298,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.backend == "nccl" and args.device != "cuda":
         parser.error("--backend nccl needs --device cuda")
-    if args.size != "ddp-cpu":
-        try:
-            get_config(args.size)
-        except ValueError as exc:
-            parser.error(f"--size: {exc}")
     if args.batch_size is None:
         args.batch_size = CPU_BATCH if args.size == "ddp-cpu" else GPU_BATCH
     if args.rounds is None:
         args.rounds = 4 if args.device == "cpu" else 1
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
-    if world < 1 or args.batch_size % world:
-        parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
-    if args.warmup < 0 or args.steps < 1 or args.rounds < 1:
-        parser.error("--warmup must be >= 0, --steps and --rounds >= 1")
-    if any(b <= 0 for b in args.bucket_sizes_mb):
-        parser.error("--bucket-sizes-mb must be positive")
+    if args.batch_size % world:
+        parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks "
+                     f"(a multiple of --world-size)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if in_torchrun() else world
+    check_cuda(parser, args.device, gpus=local)
     grid = stage_grid([int(b) if b == int(b) else b for b in args.bucket_sizes_mb], args.stages)
+    # Rank 0 opens them again (the same paths); here they are checked before any process starts.
+    open_store(parser, BENCH, KEY, root=args.results_dir)
+    open_store(parser, TRACE_BENCH, KEY, root=args.results_dir)
     if in_torchrun():
         run_from_env(run_grid, args, grid, backend=args.backend, device=args.device,
                      timeout_s=args.timeout_s)

@@ -14,6 +14,10 @@ What the wrapper guarantees, so no caller has to think about it:
 - A rank that raises brings the others down: `spawn` terminates the surviving ranks and raises
   `RankFailed` carrying the failing rank's traceback, instead of leaving them blocked in a
   collective. (Under torchrun the agent does the same when a rank exits non-zero.)
+- A parent that dies (even by SIGKILL, which runs no cleanup) takes its ranks with it: each rank
+  watches its parent and, once it is gone, removes the run's temporary directory and exits within
+  a second, instead of waiting out the store and collective timeouts. A directory left anyway
+  (every process SIGKILLed at once) is removed by the next `spawn`: its name holds the parent's pid.
 - `destroy_process_group` runs when the function returns.
 """
 
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -35,6 +41,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 DEFAULT_TIMEOUT_S = 120.0
+# The parent's store is listening before any rank starts, so a rank that cannot connect within
+# this long never will (its parent is gone); the store's own timeout then applies to its waits.
+CONNECT_TIMEOUT_S = 30.0
+PARENT_POLL_S = 0.5
+SPAWN_DIR_PREFIX = "cs336-spawn-"
 
 
 @dataclass(frozen=True)
@@ -109,17 +120,70 @@ def cpu_threads_per_rank(local_world_size: int) -> int:
 
 # -- spawn: in-process launching for tests and benchmarks ----------------------------------------
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_spawn_dirs(tmp: str | Path | None = None) -> list[Path]:
+    """Remove the temporary directories of spawns whose parent process is dead; return them."""
+    removed = []
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for path in Path(tmp or tempfile.gettempdir()).glob(f"{SPAWN_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(SPAWN_DIR_PREFIX).partition("-")[0]
+        try:
+            ours = path.is_dir() and (uid is None or path.stat().st_uid == uid)  # not another user's
+        except OSError:  # removed meanwhile by another spawn
+            continue
+        if pid.isdigit() and ours and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _leave_if_orphaned(parent_pid: int, out_dir: str) -> None:
+    """If the parent is gone, remove the run's directory and exit: nobody will read what we write.
+
+    A killed parent's ranks are re-parented (to init or a subreaper), so getppid() changes."""
+    if os.getppid() != parent_pid:
+        sys.stderr.write(f"[pid {os.getpid()}] the parent process {parent_pid} is gone; exiting\n")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os._exit(1)
+
+
+def _watch_parent(parent_pid: int, out_dir: str) -> None:
+    """Daemon thread of each rank: leave once the parent is gone.
+
+    torch's spawn also asks the kernel for a SIGINT at the parent's death, but Python acts on it
+    only between bytecodes, and a rank blocked in C++ (connecting to the dead parent's store, in
+    a collective) would sit there until its timeout. Those calls release the GIL, so this thread
+    runs while they block. The poll costs one wake-up every PARENT_POLL_S.
+    """
+    while True:
+        time.sleep(PARENT_POLL_S)
+        _leave_if_orphaned(parent_pid, out_dir)
+
+
 def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: str,
                  device_type: str, port: int,
-                 timeout_s: float, threads_per_rank: int | None, out_dir: str,
+                 timeout_s: float, threads_per_rank: int | None, out_dir: str, parent_pid: int,
                  args: tuple, kwargs: dict) -> None:
     """Body of each spawned process. `index` is the rank (mp.spawn passes it first)."""
     rank = index
+    _leave_if_orphaned(parent_pid, out_dir)  # the parent may have died while we started
+    threading.Thread(target=_watch_parent, args=(parent_pid, out_dir), daemon=True,
+                     name="parent-watch").start()
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank or 1))
     try:
         worker = _make_worker(rank, world_size, rank, backend, device_type, threads_per_rank)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                              timeout=_dt.timedelta(seconds=timeout_s))
+                              timeout=_dt.timedelta(seconds=min(timeout_s, CONNECT_TIMEOUT_S)))
+        store.set_timeout(_dt.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=_dt.timedelta(seconds=timeout_s),
                                 device_id=worker.device if backend == "nccl" else None)
@@ -128,6 +192,7 @@ def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: s
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
         dist.destroy_process_group()
     except BaseException:
+        _leave_if_orphaned(parent_pid, out_dir)  # e.g. the SIGINT of the parent's death
         # Keep the traceback readable, tagged with the rank, and timestamped: when one rank fails
         # the others fail soon after ("connection closed by peer"), and the parent reports the
         # earliest failure, which is the cause.
@@ -166,14 +231,15 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if threads_per_rank is None and device_type == "cpu":
         threads_per_rank = cpu_threads_per_rank(world_size)
+    remove_stale_spawn_dirs()
     # --8<-- [start:spawn]
     # The rendezvous store lives in this process on a port the OS chose (port 0 = any free port).
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=_dt.timedelta(seconds=timeout_s))
-    with tempfile.TemporaryDirectory(prefix="cs336-spawn-") as out_dir:
+    with tempfile.TemporaryDirectory(prefix=f"{SPAWN_DIR_PREFIX}{os.getpid()}-") as out_dir:
         ctx = mp.spawn(_spawn_entry, nprocs=world_size, join=False,
                        args=(fn, world_size, backend, device_type, store.port, timeout_s,
-                             threads_per_rank, out_dir, args, kwargs))
+                             threads_per_rank, out_dir, os.getpid(), args, kwargs))
         allowed = 2 * timeout_s + 60  # init + work + teardown, generously
         deadline = time.monotonic() + allowed
         try:

@@ -38,11 +38,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
 from cs336_systems.bench.store import ResultStore
-from cs336_systems.bench.sweep import run_sweep
+from cs336_systems.bench.sweep import exit_code, run_sweep
 from cs336_systems.bench.timing import synchronize
 from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
 from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
 from .accounting import MemoryProbe, saved_activation_bytes
 from .sharded_optimizer import ShardedOptimizer, assign_to_ranks
@@ -207,26 +209,27 @@ def _write(memory_store: ResultStore, cell: dict, result: dict) -> None:
         memory_store.append({**cell, "point": point}, row)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sharding", description=__doc__.split("\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog="sharding", description=__doc__.split("\n")[0])
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--ddp", default="torch", choices=["torch", "bucketed"],
                    help="the DDP wrapper of the ddp / sharded / zero_redundancy methods")
-    p.add_argument("--size", default=None, help="cpu-small (CPU default) or a preset: small ... xl "
-                   "(cuda default: xl)")
-    p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: 128 on "
-                   "cpu, 512 on cuda)")
-    p.add_argument("--batch", type=int, default=2, help="sequences per rank (default 2: SPEC's "
-                   "batch 4 over 2 ranks)")
-    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (ignored under torchrun)")
+    p.add_argument("--size", default=None, choices=["cpu-small", *PRESETS, *PRESETS_EXTRA],
+                   help="cpu-small (CPU default) or a preset: small ... xl (cuda default: xl)")
+    p.add_argument("--context", type=at_least(1), default=None, help="tokens per sequence (default: "
+                   "128 on cpu, 512 on cuda)")
+    p.add_argument("--batch", type=at_least(1), default=2, help="sequences per rank (default 2: the "
+                   "course's batch 4 over 2 ranks)")
+    p.add_argument("--world-size", type=at_least(2), default=2, help="ranks to spawn, >= 2 (ignored "
+                   "under torchrun)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", default=None, choices=["gloo", "nccl"],
                    help="default: gloo on cpu, nccl on cuda")
     p.add_argument("--no-collectives", dest="collectives", action="store_false",
                    help="skip timing the four communication patterns alone on the model's sizes")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--warmup", type=at_least(0), default=2)
+    p.add_argument("--steps", type=at_least(1), default=10)
+    p.add_argument("--timeout-s", type=positive(float), default=600.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
     return p
 
@@ -234,27 +237,29 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
-    args.size = args.size or ("xl" if args.device == "cuda" else "cpu-small")
-    args.context = args.context or (512 if args.device == "cuda" else 128)
+    # `is None`, not `or`: an explicit value is never swapped for the default.
+    if args.backend is None:
+        args.backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.size is None:
+        args.size = "xl" if args.device == "cuda" else "cpu-small"
+    if args.context is None:
+        args.context = 512 if args.device == "cuda" else 128
     if args.backend == "nccl" and args.device != "cuda":
         parser.error("--backend nccl needs --device cuda")
     try:
         cfg = model_config(args.size, args.context)
     except ValueError as exc:
         parser.error(f"--size/--context: {exc}")
-    if args.batch < 1 or args.steps < 1 or args.warmup < 0:
-        parser.error("--batch and --steps must be >= 1, --warmup >= 0")
-    if args.world_size < 2 and not in_torchrun():
-        parser.error(f"--world-size: need at least 2 ranks, got {args.world_size}")
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if in_torchrun() else world
+    check_cuda(parser, args.device, gpus=local)
     cells = [{"method": m, "ddp": "none" if m == "zero1" else args.ddp, "size": args.size,
               "world_size": world, "backend": args.backend, "device_type": args.device,
               "batch": args.batch, "context": args.context} for m in args.methods]
     device = "cpu" if args.device == "cpu" else None  # None: the store names the GPU
-    times = ResultStore(TIME_BENCH, CELL_KEY, device=device, root=args.results_dir)
-    memory = ResultStore(MEMORY_BENCH, CELL_KEY + ["point"], device=device, root=args.results_dir)
-    comm = ResultStore(COMM_BENCH, COMM_KEY, device=device, root=args.results_dir)
+    times = open_store(parser, TIME_BENCH, CELL_KEY, device=device, root=args.results_dir)
+    memory = open_store(parser, MEMORY_BENCH, CELL_KEY + ["point"], device=device, root=args.results_dir)
+    comm = open_store(parser, COMM_BENCH, COMM_KEY, device=device, root=args.results_dir)
     comm_cell = {"size": args.size, "world_size": world, "backend": args.backend,
                  "device_type": args.device}
     if in_torchrun():
@@ -266,12 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         _write(memory, cell, result)
         return result["time"]
 
-    run_sweep(times, cells, measure, desc="sharding")
+    code = exit_code(run_sweep(times, cells, measure, desc="sharding"), TIME_BENCH)
     if args.collectives and not comm.has({**comm_cell, "op": "all_reduce"}):
         for row in spawn(measure_collectives, world, cfg, backend=args.backend, device=args.device,
                          timeout_s=args.timeout_s)[0]:
             comm.append({**comm_cell, "op": row.pop("op")}, row)
-    return 0
+    return code
 
 
 def _main_torchrun(args, cells, cfg, times: ResultStore, memory: ResultStore, comm: ResultStore,
