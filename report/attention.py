@@ -14,7 +14,8 @@ from cs336_systems.attention.pytorch_sweep import attention_memory
 from cs336_systems.model.config import PRESETS
 from report.facts import fact
 from report.figures import plt
-from report.profiling import SIZES, kernel_cells, newest, ok, pm, with_source
+from report.profiling import SIZES, newest, ok, pm, with_source
+from report.profiling_kernels import kernel_cells
 from report.results import load_results
 
 BENCH = "attention/pytorch_attention"
@@ -119,7 +120,7 @@ def _eager(seq: int, d: int):
 
 FACTS = {
     "attention.small_fwd_ms": lambda: "{:.2f} to {:.2f}".format(*attention_rows().query("seq <= 1024").forward_ms.agg(["min", "max"])),
-    "attention.growth": lambda: "{:.1f}x to {:.1f}x".format(growth_per_doubling().min(), growth_per_doubling().max()),
+    "attention.growth": lambda: f"{growth_per_doubling().min():.1f}x to {growth_per_doubling().max():.1f}x",
     "attention.d_ratio_16384": lambda: "{:.2f}".format(
         (_eager(16384, 128).forward_ms + _eager(16384, 128).backward_ms)
         / (_eager(16384, 16).forward_ms + _eager(16384, 16).backward_ms)),

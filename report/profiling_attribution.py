@@ -12,7 +12,8 @@ import pandas as pd
 from cs336_systems.model import get_config
 from cs336_systems.profiling.kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from report.facts import fact
-from report.profiling import PHASES, kernel_cells, kernel_rows, newest, ok, overcounted, parameter_tensors, with_source
+from report.profiling import PHASES, newest, ok, parameter_tensors, with_source
+from report.profiling_kernels import kernel_cells, kernel_rows, overcounted
 
 
 def first_run_cells() -> pd.DataFrame:

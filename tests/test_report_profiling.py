@@ -17,7 +17,8 @@ from cs336_systems.profiling.kernel_attribution import ATTRIBUTION
 from report import facts
 from report import results as report_results
 
-PART1 = ("profiling", "profiling_attribution", "mixed_precision", "memory", "attention", "attention_oom")
+PART1 = ("profiling", "profiling_kernels", "profiling_attribution", "mixed_precision", "bf16_timings",
+         "memory", "attention", "attention_oom")
 PREFIXES = ("profiling.", "mixed_precision.", "memory.", "attention.")
 
 
@@ -41,7 +42,7 @@ def test_every_part1_fact_renders_from_the_committed_results():
 # ---- the bf16 cells measured twice (report.mixed_precision) -------------------------------------------
 
 def test_remeasured_rows_pair_each_cells_first_and_newest_run_with_the_newest_clock_record(results_root):
-    from report.mixed_precision import remeasured_rows, remeasured_table
+    from report.bf16_timings import remeasured_rows, remeasured_table
 
     cell = {"schema": "cs336-results/1", "bench": "end-to-end/timings", "size": "xl", "mode": "forward",
             "dtype": "bf16", "status": "ok"}
@@ -109,7 +110,8 @@ def _first_attribution_only(root) -> None:
 
 
 def test_marked_cells_then_a_rerun_that_replaces_their_kernels(tmp_path, monkeypatch):
-    from report import profiling, profiling_attribution
+    from report import profiling_attribution
+    from report import profiling_kernels as profiling
 
     _first_attribution_only(tmp_path)
     monkeypatch.setattr(report_results, "RESULTS_ROOT", tmp_path)

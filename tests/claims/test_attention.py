@@ -8,7 +8,6 @@ from report import attention as at
 from report import attention_oom as oom
 from report.attention import GRID_SEQS
 
-
 # ---- pytorch_attention ------------------------------------------------------------------------------
 
 def test_time_is_quadratic_from_4096_and_flat_below():

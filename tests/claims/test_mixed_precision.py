@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from report import bf16_timings as bt
 from report import mixed_precision as mp
 from report.profiling import SIZES
-
 
 # ---- mixed_precision_accumulation -------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ def test_remeasured_cells_moved_while_the_clock_held():
     # "the means moved by ...", "the SM clock read ... against its ... maximum. Down-clocking does not
     # explain the spread." and the chapter: "The bf16 cells of the large, xl and 2.7B models were
     # measured twice"
-    r = mp.remeasured_rows()
+    r = bt.remeasured_rows()
     assert set(r["size"]) == {"large", "xl", "2.7B"} and set(r["dtype"]) == {"bf16"}
     assert r.change.abs().max() > 0.2
     assert r.sm_min.min() >= 0.95 * r.sm_top.max()
@@ -94,13 +94,13 @@ def test_remeasured_cells_moved_while_the_clock_held():
 def test_first_runs_break_the_large_forward_ordering():
     # "with the first run of each re-measured cell instead of the newest, the large forward's speed-up
     # would not rise over the medium one's"
-    s = mp.first_run_speedups()["forward"]
+    s = bt.first_run_speedups()["forward"]
     assert s["large"] <= s["medium"]
 
 
 def test_fp32_cells_reproduce_across_sweeps():
     # "The large, xl and 2.7B cells agree within ...; only the launch-bound small model moves more"
-    f = mp.fp32_repeats()
+    f = bt.fp32_repeats()
     big = f[f["size"].isin(["large", "xl", "2.7B"])].difference.abs().max()
     assert big < 0.02
     assert f[f["size"] == "small"].difference.abs().max() > big
@@ -110,7 +110,7 @@ def test_fp32_cells_reproduce_across_sweeps():
 def test_launching_an_fp32_forward_takes_about_as_long_as_the_bf16_forward():
     # "just launching the kernels of an fp32 forward at context 512 takes about as long as the bf16
     # forwards measured": same order of magnitude (within 3x either way)
-    e = mp.launch_estimate()
+    e = bt.launch_estimate()
     for col in ("bf16 forward, first run ms", "bf16 forward, re-run ms"):
         ratio = e[col] / e["launch time ms (estimate)"]
         assert ratio.between(1 / 3, 3).all(), col

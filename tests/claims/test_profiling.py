@@ -6,11 +6,9 @@ Each test quotes the sentence it guards. When new results make one fail, rewrite
 
 from __future__ import annotations
 
-import pytest
-
 from report import profiling as p
+from report import profiling_kernels as k
 from report import profiling_attribution as a
-
 
 # ---- benchmarking_script ----------------------------------------------------------------------------
 
@@ -60,14 +58,14 @@ def test_every_profiled_cell_ran_and_fits_its_wall_time():
     # profiling.md: "none ran out of memory" and "every cell on this page was profiled again with the fix"
     cells = p.newest(p.load_results("profiling/kernel_cells"), ["size", "context"])
     assert (cells["status"] == "ok").all()
-    assert len(a.rerun_cells()) == len(p.kernel_cells())
-    assert not any(p.overcounted(r) for _, r in p.kernel_cells().iterrows())
+    assert len(a.rerun_cells()) == len(k.kernel_cells())
+    assert not any(k.overcounted(r) for _, r in k.kernel_cells().iterrows())
 
 
 def test_profiler_and_timer_agree_only_where_the_gpu_is_busy():
     # profiling.md (a): "Where the GPU has enough work they agree to a few percent ... For small
     # cells they do not ... In the launch-bound cells the profiled range is longer still"
-    big, small = p._cell("2.7B", 512), p._cell("small", 128)
+    big, small = k._cell("2.7B", 512), k._cell("small", 128)
     assert abs(big.fwd_kernel_ms / big.fwd_python_ms - 1) < 0.05
     assert small.fwd_kernel_ms < 0.5 * small.fwd_python_ms
     assert small.fwd_range_ms > small.fwd_python_ms
@@ -77,7 +75,7 @@ def test_top_kernel_is_an_fp32_gemm_with_the_same_launches_per_layer():
     # profiling.md (b): "In every size the forward's top kernel is cuBLAS's fp32 SIMT GEMM
     # (`sm80_xmma_gemm_f32f32…`), launched the same number of times in every layer (..., the rest
     # being the output projection)"
-    t = p.top_kernels(512)
+    t = k.top_kernels(512)
     assert t.fwd_top.str.startswith("sm80_xmma_gemm_f32f32").all()
     assert set(t.rest) <= {0, 1}
 
@@ -85,8 +83,8 @@ def test_top_kernel_is_an_fp32_gemm_with_the_same_launches_per_layer():
 def test_top_of_forward_plus_backward_is_a_matmul_but_not_always_the_forwards():
     # profiling.md (b): "With the backward added the top kernel is a matmul too, but not always the
     # same one: for {sizes} a backward GEMM variant has more time"
-    t = p.top_kernels(512)
-    assert t.both_top.map(p.is_matmul).all()
+    t = k.top_kernels(512)
+    assert t.both_top.map(k.is_matmul).all()
     assert 0 < (~t.both_is_fwd_top).sum() < len(t)
 
 
@@ -94,7 +92,7 @@ def test_matmul_share_falls_with_the_optimizer_and_less_at_long_context():
     # profiling.md (d): "It falls: matmuls take ... of the forward's kernel time (inference) but ...
     # of a full training step" and "at context 1024 only from ..., because the optimizer's cost
     # does not depend on the context"
-    c = p.kernel_cells()
+    c = k.kernel_cells()
     assert (c.step_matmul_share < c.fwd_matmul_share).all()
     for size, g in c.groupby("size"):
         g = g.set_index("context")
@@ -105,13 +103,13 @@ def test_matmul_share_falls_with_the_optimizer_and_less_at_long_context():
 
 def test_adamw_launches_a_whole_number_of_kernels_per_tensor():
     # profiling.md (d): "Our hand-written AdamW launches {n} kernels per parameter tensor"
-    launches = p._cell("small", 512).opt_launches
+    launches = k._cell("small", 512).opt_launches
     assert launches % p.parameter_tensors("small") == 0
 
 
 def test_softmax_costs_far_more_per_flop_than_the_matmuls():
     # profiling.md (e): "per FLOP, softmax is ... times more expensive. It is memory-bound"
-    r = p.attention_region_rows()
+    r = k.attention_region_rows()
     assert (r.per_flop > 10).all()
     assert (r.flop_ratio < 0.05).all()
 
