@@ -69,3 +69,12 @@ def tensor_sizes(max_size: int = 10_000, max_len: int = 40) -> st.SearchStrategy
 def world_sizes(max_world: int = 9) -> st.SearchStrategy[int]:
     """Numbers of ranks, 1 (no sharding) upward."""
     return st.integers(min_value=1, max_value=max_world)
+
+
+# -- FSDP (flat shards of one weight) ----------------------------------------------------------
+
+def weight_shapes(max_dim: int = 40) -> st.SearchStrategy[tuple[int, int]]:
+    """A Linear/Embedding weight shape (rows, cols): empty, 1-wide, prime and even sizes mixed,
+    so numel is often not divisible by the world size."""
+    return st.tuples(st.integers(min_value=0, max_value=max_dim),
+                     st.integers(min_value=0, max_value=max_dim))

@@ -45,7 +45,7 @@ from torch.utils._pytree import tree_map
 from cs336_systems.distributed.ddp.common import all_reduce_mean_, broadcast_from_rank0
 
 from .comm import Gather, ReduceScatter
-from .layers import (ShardedLayer, ShardedWeight, check_no_stray_references, find_layers)
+from .layers import ShardedLayer, ShardedWeight, check_weights_only_in_layers, find_layers
 
 # Reduce-scatters allowed in flight before the oldest is finished: enough to overlap with the
 # next layers' backward, few enough that their (N*S,) send buffers stay a bounded amount of memory.
@@ -59,7 +59,6 @@ class _ForwardPass:
     order: list[int] = field(default_factory=list)         # layer index per use, in call order
     saved: list["_Use"] = field(default_factory=list)      # uses whose weight backward will need
     prefetched: dict[int, tuple[int, Gather]] = field(default_factory=dict)  # position -> (layer, gather)
-    stale: list[Gather] = field(default_factory=list)      # prefetched for a layer that did not come
 
 
 @dataclass(eq=False)
@@ -110,13 +109,14 @@ class FSDP(nn.Module):
 
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
         super().__init__()
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("FSDP needs an initialized process group "
-                               "(cs336_systems.distributed.launch starts one)")
         if compute_dtype is not None and not (isinstance(compute_dtype, torch.dtype)
                                               and compute_dtype.is_floating_point):
             raise ValueError(f"compute_dtype must be a floating torch.dtype or None, "
                              f"got {compute_dtype!r}")
+        check_weights_only_in_layers(module)
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("FSDP needs an initialized process group "
+                               "(cs336_systems.distributed.launch starts one)")
         self.module = module
         self.compute_dtype = compute_dtype
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -132,7 +132,8 @@ class FSDP(nn.Module):
     def _shard(self, module: nn.Module) -> tuple[list[ShardedLayer], list[ShardedWeight]]:
         names = {id(p): n for n, p in module.named_parameters()}  # a tied weight: its first name
         by_original: dict[int, ShardedWeight] = {}
-        originals, layers = [], []
+        keep_alive = []  # the replaced full weights, so that their ids stay unique until we return
+        layers = []
         for index, (name, m) in enumerate(find_layers(module)):
             original = m._parameters["weight"]
             weight = by_original.get(id(original))
@@ -140,13 +141,12 @@ class FSDP(nn.Module):
                 weight = ShardedWeight.from_parameter(names[id(original)], original, self.rank,
                                                       self.world_size)
                 by_original[id(original)] = weight
-                originals.append(original)  # alive until checked, so ids stay unique
+                keep_alive.append(original)
             m.weight = weight.shard
             others = [n for n, p in m._parameters.items() if n != "weight" and p is not None]
             layer = ShardedLayer(index, name, m, weight, others)
             m.forward = functools.partial(self._layer_forward, layer, m.forward)
             layers.append(layer)
-        check_no_stray_references(module, set(by_original))
         return layers, list(by_original.values())
 
     # -- forward ---------------------------------------------------------------------------------
@@ -165,8 +165,6 @@ class FSDP(nn.Module):
             self._pass = None
             self._live.clear()
             for _, gather in fwd.prefetched.values():  # prefetched for a layer that never ran
-                gather.wait()
-            for gather in fwd.stale:
                 gather.wait()
             if fwd.order:
                 self._order = fwd.order  # the next forward prefetches in the order seen here
@@ -187,11 +185,12 @@ class FSDP(nn.Module):
         if fwd is not None:
             position = len(fwd.order)
             fwd.order.append(layer.index)
-            ahead = fwd.prefetched.pop(position, None)
-            if ahead is not None and ahead[0] == layer.index:
-                gather = ahead[1]
-            elif ahead is not None:
-                fwd.stale.append(ahead[1])
+            prefetched_for, prefetched = fwd.prefetched.pop(position, (None, None))
+            if prefetched_for == layer.index:
+                gather = prefetched
+            elif prefetched is not None:  # prefetched for another layer (the order changed)
+                prefetched.wait()  # finish the collective (every rank issued it), then free it
+            del prefetched
         if gather is None:  # not prefetched (first call, an order change, or outside forward)
             gather = self._start_gather(layer)
         weight = layer.weight

@@ -84,10 +84,14 @@ def find_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in module.named_modules() if is_sharded_layer(m)]
 
 
-def check_no_stray_references(module: nn.Module, originals: set[int]) -> None:
-    """After sharding, no full weight may remain registered anywhere (it would be trained whole
-    and silently diverge): a weight shared under another name is refused."""
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if id(p) in originals:
-            raise ValueError(f"module: parameter {name!r} shares a sharded layer's weight but is "
-                             "not itself a layer's `weight`; FSDP cannot shard it consistently")
+def check_weights_only_in_layers(module: nn.Module) -> None:
+    """A sharded weight registered anywhere else than as a layer's `weight` (another name, or a
+    module with another role) would be trained whole there and silently diverge: refuse it."""
+    layer_weights = {id(m._parameters["weight"]) for _, m in find_layers(module)}
+    for module_name, m in module.named_modules():
+        for name, p in m._parameters.items():
+            if p is not None and id(p) in layer_weights and not (
+                    name == "weight" and is_sharded_layer(m)):
+                where = f"{module_name}.{name}" if module_name else name
+                raise ValueError(f"module: parameter {where!r} is a sharded layer's weight "
+                                 "registered under another name; FSDP cannot shard it consistently")
