@@ -254,3 +254,17 @@ def test_record_clocks_remeasures_timing_cells_stored_without_clocks(tmp_path, m
     assert [("clock_samples" in r) for r in rows(path)] == [False, True]
     assert rows(path)[1]["clocks_before"]["sm_mhz"] == 1755.0
     assert sweeps.main([*argv, "--record-clocks"]) == 0 and len(rows(path)) == 2  # resumes: nothing left
+
+
+def test_a_sweep_whose_cells_fail_exits_1_so_bench_all_reports_it(tmp_path, monkeypatch, capsys):
+    from cs336_systems.bench.__main__ import main as bench_main
+
+    def broken(model, cfg, **kw):
+        raise RuntimeError("kernel said no")
+
+    monkeypatch.setattr(sweeps, "measure", broken)
+    argv = ["end-to-end", "--part", "timings", "--sizes", "tiny", "--context", "16", "--modes", "forward",
+            "--dtypes", "fp32", "--device", "cpu", "--results-dir", str(tmp_path)]
+    assert bench_main(argv) == 1
+    assert "1 of 1 cells failed" in capsys.readouterr().err
+    assert [r["status"] for r in rows(tmp_path / "end-to-end" / "timings" / "cpu.jsonl")] == ["error"]

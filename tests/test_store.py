@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
-from cs336_systems.bench.store import SCHEMA, NotOurResultsFile, ResultStore, results_path
-from cs336_systems.bench.sweep import run_sweep
+from cs336_systems.bench import store as store_module
+from cs336_systems.bench.store import (SCHEMA, NotOurResultsFile, ResultStore, SkippedLineWarning,
+                                       UncommittedCode, results_path)
+from cs336_systems.bench.sweep import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, exit_code, run_sweep, worst
 
 
 def test_rows_carry_config_metrics_status_and_provenance(tmp_path):
@@ -62,12 +71,182 @@ def test_oom_is_a_result_and_errors_are_retried(tmp_path):
     assert store.has({"n": 1}) and not store.has({"n": 2})  # the error row is measured again
 
 
-def test_torn_last_line_is_ignored(tmp_path):
-    store = ResultStore("demo/torn", key=["n"], root=tmp_path, device="cpu")
+def test_a_sweep_with_a_failed_cell_exits_1_naming_it(tmp_path, capsys):
+    store = ResultStore("demo/fail", key=["n"], root=tmp_path, device="cpu")
+
+    def measure(cell):
+        if cell["n"] == 1:
+            raise RuntimeError("kernel said no")
+        return {"ok": True}
+
+    rows = run_sweep(store, [{"n": n} for n in range(3)], measure)
+    assert exit_code(rows, "demo/fail") == EXIT_FAILED
+    assert "1 of 3 cells failed" in capsys.readouterr().err
+    assert exit_code([r for r in rows if r["status"] == "ok"]) == EXIT_OK
+    assert worst(EXIT_OK, EXIT_INCOMPLETE) == EXIT_INCOMPLETE
+    assert worst(EXIT_INCOMPLETE, EXIT_FAILED, EXIT_OK) == EXIT_FAILED
+
+
+# -- a writer killed mid-row loses no finished row ---------------------------------------------
+
+def _store(root):
+    return ResultStore("demo/torn", key=["n"], root=root, device="cpu")
+
+
+def test_a_torn_last_line_is_skipped_with_a_warning_naming_file_and_line(tmp_path):
+    store = _store(tmp_path)
     store.append({"n": 1}, {"x": 1})
     with open(store.path, "a") as f:
         f.write('{"schema": "cs336-res')  # killed mid-write
-    assert [r["n"] for r in ResultStore("demo/torn", key=["n"], root=tmp_path, device="cpu").rows()] == [1]
+    with pytest.warns(SkippedLineWarning, match=rf"{store.path}:2: skipped torn last line"):
+        assert [r["n"] for r in _store(tmp_path).rows()] == [1]
+
+
+def test_the_next_append_moves_a_torn_tail_aside_and_lands_on_its_own_line(tmp_path):
+    store = _store(tmp_path)
+    store.append({"n": 1}, {"x": 1})
+    with open(store.path, "a") as f:
+        f.write('{"schema": "cs336-res')
+    with pytest.warns(SkippedLineWarning, match=rf"{store.path}:2: skipped torn last line"):
+        reopened = _store(tmp_path)  # a new process opens the file
+    with pytest.warns(SkippedLineWarning, match=rf"{store.path}:2: torn last line moved"):
+        reopened.append({"n": 2}, {"x": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file is clean again: no warning at all
+        assert [r["n"] for r in _store(tmp_path).rows()] == [1, 2]
+    assert Path(f"{store.path}.torn").read_text() == '{"schema": "cs336-res\n'
+    _store(tmp_path).append({"n": 3}, {"x": 3})  # and the append after that, too
+    assert [r["n"] for r in _store(tmp_path).rows()] == [1, 2, 3]
+
+
+def test_a_whole_row_missing_only_its_newline_is_kept(tmp_path):
+    store = _store(tmp_path)
+    row = store.append({"n": 1}, {"x": 1})
+    store.path.write_text(json.dumps(row))  # the newline never made it to disk
+    _store(tmp_path).append({"n": 2}, {"x": 2})
+    assert [r["n"] for r in _store(tmp_path).rows()] == [1, 2]
+    assert not Path(f"{store.path}.torn").exists()
+
+
+def test_an_old_glued_line_in_the_middle_is_skipped_with_a_warning(tmp_path):
+    """Files from before the repair may hold a torn row with the next row glued on."""
+    store = _store(tmp_path)
+    first = store.append({"n": 1}, {"x": 1})
+    glued = '{"schema": "cs336-res' + json.dumps({**first, "n": 2})
+    with open(store.path, "a") as f:
+        f.write(glued + "\n" + json.dumps({**first, "n": 3}) + "\n")
+    with pytest.warns(SkippedLineWarning, match=rf"{store.path}:2: skipped line: not JSON"):
+        assert [r["n"] for r in _store(tmp_path).rows()] == [1, 3]
+
+
+WRITER = """
+import itertools, sys
+from cs336_systems.bench.store import ResultStore
+store = ResultStore("demo/killed", key=["n"], root=sys.argv[1], device="cpu")
+for n in itertools.count():
+    store.append({"n": n}, {"payload": "x" * 2_000_000})  # 2 MB rows: a write takes a while
+    print(n, flush=True)  # row n is finished (flushed and fsynced)
+"""
+
+
+def _kill_writer_mid_row(root: Path) -> tuple[Path, list[int]]:
+    """Start WRITER, SIGKILL it while the file size says a row is half-written; return the file
+    and the rows the writer reported finished."""
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parents[1])
+    finished = [int(writer.stdout.readline())]
+    path = root / "demo" / "killed" / "cpu.jsonl"
+    row_bytes = path.stat().st_size  # rows 0..9 all have this length
+    deadline = time.monotonic() + 20
+    while path.stat().st_size % row_bytes == 0 and time.monotonic() < deadline:
+        pass  # the kernel grows the file page by page while write() copies a row in
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    return path, finished + [int(line) for line in writer.stdout.read().split()]
+
+
+def test_a_writer_killed_mid_row_keeps_every_finished_row(tmp_path):
+    """SIGKILL a process appending rows in a loop, mid-row. Every row it reported finished is read
+    back, the torn tail is reported with file and line, and the next append lands and reads back."""
+    torn_seen = False
+    for attempt in range(3):  # a kill can land just after a write completes: try again
+        root = tmp_path / str(attempt)
+        path, finished = _kill_writer_mid_row(root)
+        torn = not path.read_bytes().endswith(b"\n")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            store = ResultStore("demo/killed", key=["n"], root=root, device="cpu")
+            stored = [r["n"] for r in store.rows()]
+        assert stored[:len(finished)] == finished  # every finished row, in order
+        assert len(stored) <= len(finished) + 1  # at most the row being written when killed
+        if torn:
+            where = f"{path}:{len(stored) + 1}: skipped torn last line"
+            assert any(where in str(w.message) for w in caught), [str(w.message) for w in caught]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            store.append({"n": -1}, {"after": "the kill"})
+        again = ResultStore("demo/killed", key=["n"], root=root, device="cpu").rows()
+        assert [r["n"] for r in again] == [*stored, -1]
+        torn_seen |= torn
+        if torn_seen:
+            break
+    assert torn_seen, "three kills, none mid-row: the test did not test the repair"
+
+
+# -- committed results come from committed code -----------------------------------------------
+
+@pytest.fixture
+def committed_root(tmp_path, monkeypatch):
+    """A stand-in for the repository's results/ (so the test never writes there)."""
+    root = tmp_path / "committed"
+    monkeypatch.setattr(store_module, "COMMITTED_ROOT", root)
+    monkeypatch.delenv("CS336_ALLOW_DIRTY", raising=False)
+    return root
+
+
+def _pretend_commit(monkeypatch, commit: str) -> None:
+    """The code is at `commit`, for the store's check and for the rows' provenance."""
+    monkeypatch.setattr(store_module, "git_commit", lambda: commit)
+    monkeypatch.setattr("cs336_systems.bench.provenance.git_commit", lambda: commit)
+
+
+@pytest.mark.parametrize("commit", ["0123456789ab-dirty", "unknown"])
+def test_committed_results_refuse_rows_from_untraceable_code(committed_root, tmp_path, monkeypatch, commit):
+    _pretend_commit(monkeypatch, commit)
+    store = ResultStore("demo/dirty", key=["n"], root=committed_root, device="cpu")
+    with pytest.raises(UncommittedCode, match="CS336_ALLOW_DIRTY=1"):
+        store.append({"n": 1}, {"x": 1})
+    with pytest.raises(UncommittedCode):
+        run_sweep(store, [{"n": 1}], lambda c: pytest.fail("measured before refusing"))
+    assert not store.path.exists()
+    scratch = ResultStore("demo/dirty", key=["n"], root=tmp_path / "scratch", device="cpu")
+    assert scratch.append({"n": 1}, {"x": 1})["git"] == commit  # scratch roots take any tree
+
+
+def test_allow_dirty_writes_rows_labelled_dirty(committed_root, monkeypatch):
+    _pretend_commit(monkeypatch, "0123456789ab-dirty")
+    monkeypatch.setenv("CS336_ALLOW_DIRTY", "1")
+    row = ResultStore("demo/dirty", key=["n"], root=committed_root, device="cpu").append({"n": 1})
+    assert row["git"] == "0123456789ab-dirty"
+
+
+def test_the_device_runs_commit_is_trusted(committed_root, monkeypatch):
+    """The GPU machine's .git may be stale: the launcher's CS336_GIT_COMMIT is what ran."""
+    from cs336_systems.bench import provenance
+
+    monkeypatch.setenv("CS336_GIT_COMMIT", "fedcba987654")
+    provenance.git_commit.cache_clear()
+    try:
+        row = ResultStore("demo/device", key=["n"], root=committed_root, device="cpu").append({"n": 1})
+    finally:
+        provenance.git_commit.cache_clear()
+    assert row["git"] == "fedcba987654"
+
+
+def test_changes_under_results_do_not_make_the_tree_dirty():
+    from cs336_systems.bench.provenance import _CODE_PATHSPEC
+
+    assert ":(top,exclude)results" in _CODE_PATHSPEC
 
 
 def test_refuses_a_file_that_is_not_ours(tmp_path):

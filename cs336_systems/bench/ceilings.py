@@ -16,14 +16,13 @@ with TF32 allowed, so the page can state what each precision costs.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from .store import ResultStore
+from .cli import Parser, open_store
 from .sweep import run_sweep
 from .timing import gpu_bench, time_steps
 
@@ -75,7 +74,7 @@ def measure(cell: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench ceilings", description=__doc__.splitlines()[0])
+    parser = Parser(prog="bench ceilings", description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full",
                         help="full: 8192^3 matmuls and a 4 GiB copy (GPU); small: a quick check")
     parser.add_argument("--device", choices=["cuda", "cpu"],
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu" and args.size == "full":
         parser.error("--size full is the GPU measurement; on a CPU use --size small")
     device = torch.device(args.device)
-    store = ResultStore(BENCH, KEY, root=args.results_dir)
+    store = open_store(parser, BENCH, KEY, root=args.results_dir)
     rows = run_sweep(store, cells(args.size), lambda c: measure(c, device), desc="ceilings")
     for row in rows:
         rate = row.get("tflops") or row.get("tb_per_s")

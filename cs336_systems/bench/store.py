@@ -109,18 +109,38 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _last_line_start(f, end: int, chunk: int = 1 << 16) -> int:
+    """Offset just after the last newline before `end` of an open binary file (0 if none)."""
+    pos = end
+    while pos > 0:
+        step = min(chunk, pos)
+        f.seek(pos - step)
+        i = f.read(step).rfind(b"\n")
+        if i >= 0:
+            return pos - step + i + 1
+        pos -= step
+    return 0
+
+
 def repair_torn_tail(path: str | Path) -> str | None:
     """Move a torn last line of `path` into `<path>.torn` and cut it off; return it (None if the file
-    ends cleanly). A last line that parses but lacks its newline only gets the newline."""
+    ends cleanly). A last line that parses but lacks its newline only gets the newline. Reads only
+    the last line, not the file."""
     path = Path(path)
     if not path.exists():
         return None
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return None
-    start = data.rfind(b"\n") + 1  # 0 when the torn row is the only line
-    tail = data[start:].decode(errors="replace")
-    line_no = data.count(b"\n") + 1
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return None
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return None
+        start = _last_line_start(f, end)
+        f.seek(start)
+        tail = f.read().decode(errors="replace")
+        f.seek(0)
+        line_no = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b"")) + 1
     if not _is_torn(tail):
         if tail.lstrip().startswith("{"):  # a whole row whose newline never came
             with open(path, "ab") as f:

@@ -1,0 +1,104 @@
+"""Every registered benchmark refuses a bad argument the same way: exit 2, one line on stderr that
+names the flag, no process started, no results file written. In-process through main(argv), fast."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import subprocess
+
+import pytest
+import torch
+
+from cs336_systems.bench.registry import BENCHMARKS
+
+NO_GPU = not torch.cuda.is_available()
+needs_no_gpu = pytest.mark.skipif(not NO_GPU, reason="the refusal is about a machine without a GPU")
+
+# (benchmark name, argv, the flag the one-line message must name)
+CASES = [
+    ("model", ["--steps", "0"], "--steps"),
+    ("model", ["--context-length", "0"], "--context-length"),
+    ("model", ["--peak-tflops", "0"], "--peak-tflops"),
+    ("model", ["--trace", "t.json"], "--trace"),
+    pytest.param("model", ["--device", "cuda"], "--device", marks=needs_no_gpu),
+    ("end-to-end", ["--context", "0"], "--context"),
+    ("end-to-end", ["--steps", "1"], "--steps"),
+    ("end-to-end", ["--modes", "sideways"], "--modes"),
+    ("end-to-end", ["--sizes", "huge"], "--sizes"),
+    ("end-to-end", ["--budget-s", "0"], "--budget-s"),
+    ("kernels", ["--contexts", "0"], "--contexts"),
+    ("kernels", ["--mode", "sideways"], "--mode"),
+    ("kernels", ["--cells", "tiny:0"], "--cells"),
+    ("memory", ["--contexts", "128,-1"], "--contexts"),
+    ("memory", ["--dtypes", "fp8"], "--dtypes"),
+    ("memory", ["--snapshot-cells", "512/sideways/fp32"], "--snapshot-cells"),
+    ("memory", ["--size", "huge"], "--size"),
+    ("checkpointing", ["--context", "0"], "--context"),
+    ("accumulation", ["--device", "tpu"], "--device"),
+    pytest.param("accumulation", ["--device", "cuda"], "--device", marks=needs_no_gpu),
+    ("attention", ["--ds", "0"], "--ds"),
+    ("attention", ["--impls", "fast"], "--impls"),
+    ("attention", ["--steps", "0"], "--steps"),
+    ("attention", ["--batch", "-1"], "--batch"),
+    ("attention-oom", ["--seqs", "0"], "--seqs"),
+    ("attention-oom", ["--child-timeout-s", "0"], "--child-timeout-s"),
+    ("flash-leaderboard", ["--heads", "0"], "--heads"),
+    ("flash-leaderboard", ["--batch", "16", "--heads", "5"], "--heads"),
+    ("flash-leaderboard", ["--tolerance", "0"], "--tolerance"),
+    ("flash-sweep", ["--dims", "8"], "--dims"),
+    ("flash-sweep", ["--workers", "0"], "--workers"),
+    ("flash-sweep", ["--max-minutes", "0"], "--max-minutes"),
+    ("flash-host", ["--calls", "0"], "--calls"),
+    ("flash-host", ["--seq", "0"], "--seq"),
+    ("ceilings", ["--size", "huge"], "--size"),
+    pytest.param("collectives", ["--backend", "nccl"], "--backend", marks=needs_no_gpu),
+    ("collectives", ["--world-sizes", "1"], "--world-sizes"),
+    ("collectives", ["--sizes-mb", "0"], "--sizes-mb"),
+    ("collectives", ["--iters", "0"], "--iters"),
+    ("collectives", ["--timeout-s", "0"], "--timeout-s"),
+    ("ddp", ["--context-length", "0"], "--context-length"),
+    ("ddp", ["--batch-size", "-2"], "--batch-size"),
+    ("ddp", ["--batch-size", "3"], "--batch-size"),
+    ("ddp", ["--world-size", "0"], "--world-size"),
+    ("ddp", ["--steps", "0"], "--steps"),
+    ("ddp", ["--bucket-sizes-mb", "0"], "--bucket-sizes-mb"),
+    ("ddp", ["--backend", "nccl"], "--backend"),
+    pytest.param("ddp", ["--device", "cuda"], "--device", marks=needs_no_gpu),
+    ("sharding", ["--context", "0"], "--context"),
+    ("sharding", ["--world-size", "0"], "--world-size"),
+    ("sharding", ["--batch", "0"], "--batch"),
+    ("sharding", ["--steps", "0"], "--steps"),
+    pytest.param("sharding", ["--device", "cuda"], "--device", marks=needs_no_gpu),
+    ("tp-ffn", ["--world-size", "1"], "--world-size"),
+    ("tp-ffn", ["--tokens", "0"], "--tokens"),
+]
+
+
+@pytest.fixture
+def no_new_processes(monkeypatch):
+    """Starting a process (ranks, a child sweep) fails the test instead of happening."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started before the arguments were checked")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def test_every_registered_benchmark_has_bad_argument_cases():
+    covered = {c.values[0] if hasattr(c, "values") else c[0] for c in CASES}
+    assert covered == set(BENCHMARKS)
+
+
+@pytest.mark.parametrize("bench, argv, flag", CASES)
+def test_bad_argument_exits_2_with_one_line_naming_the_flag(bench, argv, flag, tmp_path, capsys,
+                                                           no_new_processes):
+    main = importlib.import_module(BENCHMARKS[bench].module).main
+    results = tmp_path / "results"
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--results-dir", str(results)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert flag in err[0], err[0]
+    assert not results.exists() or not any(p.is_file() for p in results.rglob("*"))
