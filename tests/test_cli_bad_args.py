@@ -102,3 +102,30 @@ def test_bad_argument_exits_2_with_one_line_naming_the_flag(bench, argv, flag, t
     assert len(err) == 1, err
     assert flag in err[0], err[0]
     assert not results.exists() or not any(p.is_file() for p in results.rglob("*"))
+
+
+def test_unpack_results_refuses_an_archive_reaching_outside_results(tmp_path):
+    """scripts/unpack_results.sh extracts into the repository: only plain files under results/."""
+    import tarfile
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "unpack_results.sh"
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (tmp_path / "x.jsonl").write_text("{}\n")
+
+    def archive(name: str, *members: str) -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w:gz") as tar:
+            for member in members:
+                tar.add(tmp_path / "x.jsonl", arcname=member)
+        return path
+
+    for bad in (archive("code.tgz", "results/a/x.jsonl", "cs336_systems/__init__.py"),
+                archive("dots.tgz", "results/../pyproject.toml")):
+        out = subprocess.run(["bash", str(script), str(bad)], cwd=repo, capture_output=True, text=True)
+        assert out.returncode == 1 and "not under results/" in out.stderr
+        assert [p.name for p in repo.iterdir()] == [".git"]  # nothing extracted, not even the good file
+    good = archive("good.tgz", "results/a/x.jsonl")
+    assert subprocess.run(["bash", str(script), str(good)], cwd=repo, capture_output=True).returncode == 0
+    assert (repo / "results" / "a" / "x.jsonl").read_text() == "{}\n"
