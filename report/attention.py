@@ -12,9 +12,8 @@ import pandas as pd
 
 from cs336_systems.attention.pytorch_sweep import attention_memory
 from cs336_systems.model.config import PRESETS
-from report.facts import fact
 from report.figures import plt
-from report.profiling import SIZES, newest, ok, pm, with_source
+from report.profiling import SIZES, newest, ok, pm, register, span, with_source
 from report.profiling_kernels import kernel_cells
 from report.results import load_results
 
@@ -119,7 +118,7 @@ def _eager(seq: int, d: int):
 
 
 FACTS = {
-    "attention.small_fwd_ms": lambda: "{:.2f} to {:.2f}".format(*attention_rows().query("seq <= 1024").forward_ms.agg(["min", "max"])),
+    "attention.small_fwd_ms": lambda: span(attention_rows().query("seq <= 1024").forward_ms, ".2f"),
     "attention.growth": lambda: f"{growth_per_doubling().min():.1f}x to {growth_per_doubling().max():.1f}x",
     "attention.d_ratio_16384": lambda: "{:.2f}".format(
         (_eager(16384, 128).forward_ms + _eager(16384, 128).backward_ms)
@@ -153,10 +152,6 @@ def compare_table() -> str:
     return with_source(shown, BENCH, used=newest(ok(BENCH), KEY))
 
 
-def _range(s: pd.Series, fmt: str = ".2f", unit: str = "x") -> str:
-    return f"{s.min():{fmt}}{unit} to {s.max():{fmt}}{unit}"
-
-
 def _long():
     m = compiled_vs_eager()
     return m[m.seq >= 4096]
@@ -168,10 +163,10 @@ def _short():
 
 
 FACTS |= {
-    "attention.compiled_fwd_speedup": lambda: _range(_long().fwd_speedup),
-    "attention.compiled_bwd_speedup": lambda: _range(_long().bwd_speedup),
-    "attention.compiled_peak_ratio": lambda: _range(_long().peak_ratio, unit=""),
-    "attention.compiled_short_speedup": lambda: _range(pd.concat([_short().fwd_speedup, _short().bwd_speedup])),
+    "attention.compiled_fwd_speedup": lambda: span(_long().fwd_speedup, ".2f", "x"),
+    "attention.compiled_bwd_speedup": lambda: span(_long().bwd_speedup, ".2f", "x"),
+    "attention.compiled_peak_ratio": lambda: span(_long().peak_ratio, ".2f"),
+    "attention.compiled_short_speedup": lambda: span(pd.concat([_short().fwd_speedup, _short().bwd_speedup]), ".2f", "x"),
     "attention.compiled_short_slower": lambda: f"{(_short().fwd_speedup < 1).sum() + (_short().bwd_speedup < 1).sum()} of {2 * len(_short())}",
 }
 
@@ -240,10 +235,9 @@ def compiled_twice_table() -> str:
 
 
 FACTS |= {
-    "attention.compile_cut": lambda: "{:.0%} to {:.0%}".format(*compile_cells().cut.agg(["min", "max"])),
-    "attention.compile_first_s": lambda: "{:.0f} to {:.0f}".format(*compile_cells().first_step_s.agg(["min", "max"])),
+    "attention.compile_cut": lambda: span(compile_cells().cut, ".0%"),
+    "attention.compile_first_s": lambda: span(compile_cells().first_step_s),
     "attention.compile_cut_fwd_small": lambda: f"{compile_vs_profile().set_index('size').iloc[0, 0]:.0%}",
     "attention.compile_cut_fwd_large": lambda: f"{compile_vs_profile().set_index('size').iloc[-1, 0]:.0%}",
 }
-for _name, _fn in FACTS.items():
-    fact(_name)(_fn)
+register(FACTS)

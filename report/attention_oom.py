@@ -11,8 +11,7 @@ import pandas as pd
 from cs336_systems.attention.pytorch_sweep import attention_memory
 from cs336_systems.profiling.attention_oom import DEFAULT
 from report.attention import capacity_gib
-from report.facts import fact
-from report.profiling import newest, with_source
+from report.profiling import newest, register, with_source
 from report.results import load_results
 
 BENCH = "attention/oom_checks"
@@ -76,5 +75,4 @@ FACTS = {
     "attention.split_32768_allocated_gib": lambda: f"{_peaks(check(32768, SPLIT))[0] / 1024:.1f}",
     "attention.split_32768_reserved_gib": lambda: f"{_peaks(check(32768, SPLIT))[1] / 1024:.1f}",
 }
-for _name, _fn in FACTS.items():
-    fact(_name)(_fn)
+register(FACTS)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from report.facts import fact
 from report.mixed_precision import KEY, speedups
-from report.profiling import by_size, newest, ok, pm, with_source
+from report.profiling import by_size, newest, ok, pm, register, span, with_source
 from report.profiling_kernels import kernel_cells
 from report.results import markdown_table
 
@@ -83,12 +82,19 @@ def fp32_repeats_table() -> str:
     return markdown_table(fp32_repeats(), floatfmt=",.1f", formats={"difference": "+.1%"})
 
 
+def python_us_per_launch() -> float:
+    """Python time per kernel launch where launches set the pace: the small model at its shortest
+    context, its unprofiled fp32 forward over its launches in the profile."""
+    k = kernel_cells()
+    small = k[k["size"] == "small"].sort_values("context").iloc[0]
+    return small.fwd_python_ms * 1e3 / small.fwd_launches
+
+
 def launch_estimate() -> pd.DataFrame:
     """What launching an fp32 forward's kernels alone would take at context 512, at the Python time
     per launch of the launch-bound small model at context 128, next to the bf16 forwards measured."""
+    us = python_us_per_launch()
     k = kernel_cells()
-    small = k[k["size"] == "small"].sort_values("context").iloc[0]
-    us = small.fwd_python_ms * 1e3 / small.fwd_launches
     k512 = k[k["context"] == 512].set_index("size")
     r = remeasured_rows()
     fwd = r[(r["mode"] == "forward") & (r["dtype"] == "bf16")].set_index("size")
@@ -102,53 +108,19 @@ def launch_estimate_table() -> str:
     return markdown_table(launch_estimate(), floatfmt=".0f")
 
 
-@fact("mixed_precision.launch_us")
-def _() -> str:
-    k = kernel_cells()
-    small = k[k["size"] == "small"].sort_values("context").iloc[0]
-    return f"{small.fwd_python_ms * 1e3 / small.fwd_launches:.0f}"
-
-
-@fact("mixed_precision.remeasured_change")
-def _() -> str:
-    r = remeasured_rows()
-    return f"{r.change.min():+.0%} to {r.change.max():+.0%}"
-
-
-@fact("mixed_precision.remeasured_change_max")
-def _() -> str:
-    return f"{remeasured_rows().change.abs().max():.0%}"
-
-
-@fact("mixed_precision.rerun_cv_max")
-def _() -> str:
-    r = remeasured_rows()
-    return f"{(r.new_std_ms / r.new_ms).max():.0%}"
-
-
-@fact("mixed_precision.clock_samples")
-def _() -> str:
-    return str(int(remeasured_rows().samples.sum()))
-
-
-@fact("mixed_precision.sm_clock_range")
-def _() -> str:
-    r = remeasured_rows()
-    return f"{r.sm_min.min():.0f} to {r.sm_max.max():.0f}"
-
-
-@fact("mixed_precision.sm_clock_top")
-def _() -> str:
-    return f"{remeasured_rows().sm_top.max():.0f}"
-
-
-@fact("mixed_precision.fp32_repeat_big")
-def _() -> str:
+def _fp32_repeat(sizes: list[str]) -> float:
     f = fp32_repeats()
-    return f"{f[f['size'].isin(['large', 'xl', '2.7B'])].difference.abs().max():.1%}"
+    return f[f["size"].isin(sizes)].difference.abs().max()
 
 
-@fact("mixed_precision.fp32_repeat_small")
-def _() -> str:
-    f = fp32_repeats()
-    return f"{f[f['size'] == 'small'].difference.abs().max():.0%}"
+register({
+    "mixed_precision.launch_us": lambda: f"{python_us_per_launch():.0f}",
+    "mixed_precision.remeasured_change": lambda: span(remeasured_rows().change, "+.0%"),
+    "mixed_precision.remeasured_change_max": lambda: f"{remeasured_rows().change.abs().max():.0%}",
+    "mixed_precision.rerun_cv_max": lambda: f"{(remeasured_rows().new_std_ms / remeasured_rows().new_ms).max():.0%}",
+    "mixed_precision.clock_samples": lambda: str(int(remeasured_rows().samples.sum())),
+    "mixed_precision.sm_clock_range": lambda: f"{remeasured_rows().sm_min.min():.0f} to {remeasured_rows().sm_max.max():.0f}",
+    "mixed_precision.sm_clock_top": lambda: f"{remeasured_rows().sm_top.max():.0f}",
+    "mixed_precision.fp32_repeat_big": lambda: f"{_fp32_repeat(['large', 'xl', '2.7B']):.1%}",
+    "mixed_precision.fp32_repeat_small": lambda: f"{_fp32_repeat(['small']):.0%}",
+})

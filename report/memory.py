@@ -8,8 +8,7 @@ import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.profiling.memory import residual_stream_bytes
-from report.facts import fact
-from report.profiling import newest, ok, with_source
+from report.profiling import newest, ok, register, with_source
 
 MiB = 2**20
 SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures
@@ -152,5 +151,4 @@ FACTS = {
     "memory.logits_mib": lambda: f"{tensor_sizes_mib()['logits']:.1f}",
     "memory.embedding_mib": lambda: f"{tensor_sizes_mib()['embedding']:.1f}",
 }
-for _name, _fn in FACTS.items():
-    fact(_name)(_fn)
+register(FACTS)

@@ -12,8 +12,7 @@ import torch
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
-from report.facts import fact
-from report.profiling import SIZES, newest, ok, pm, with_source
+from report.profiling import SIZES, newest, ok, pm, register, with_source
 from report.results import load_results, markdown_table, results_table
 
 MODES = ("forward", "forward-backward", "train")
@@ -39,36 +38,6 @@ def _gpu(loop: str, column: str = "value") -> float:
     return float(accumulation().loc[("cuda", loop), column])
 
 
-@fact("mixed_precision.fp32_result")
-def _() -> str:
-    return f"{_gpu('fp32 += fp32'):.6f}"
-
-
-@fact("mixed_precision.fp16_result")
-def _() -> str:
-    return f"{_gpu('fp16 += fp16'):.6f}"
-
-
-@fact("mixed_precision.fp16_error")
-def _() -> str:
-    return f"{-_gpu('fp16 += fp16', 'error'):g}"
-
-
-@fact("mixed_precision.mixed_result")
-def _() -> str:
-    return f"{_gpu('fp32 += fp16'):.6f}"
-
-
-@fact("mixed_precision.addend_fp16")
-def _() -> str:
-    return repr(float(torch.tensor(ADDEND, dtype=torch.float16)))
-
-
-@fact("mixed_precision.addend_fp16_times_n")
-def _() -> str:
-    return f"{N_ADDS * float(torch.tensor(ADDEND, dtype=torch.float16)):.6f}"
-
-
 def binades(dtype: torch.dtype = torch.float16) -> pd.DataFrame:
     """The loop, binade by binade (computed now, on the CPU): ulp, 0.01 in ulps, adds, real step."""
     df = pd.DataFrame(binade_walk(dtype))
@@ -86,55 +55,10 @@ def _binade(name: str, column: str, dtype: torch.dtype = torch.float16) -> float
     return float(binades(dtype).loc[name, column])
 
 
-@fact("mixed_precision.ulp_4_8")
-def _() -> str:
-    return f"{_binade('[4, 8)', 'ulp'):g}"
-
-
-@fact("mixed_precision.ulps_4_8")
-def _() -> str:
-    return f"{_binade('[4, 8)', 'addend_in_ulps'):.2f}"
-
-
-@fact("mixed_precision.step_4_8")
-def _() -> str:
-    return f"{_binade('[4, 8)', 'added_per_add'):.4f}"
-
-
-@fact("mixed_precision.ulp_8_16")
-def _() -> str:
-    return f"{_binade('[8, 16)', 'ulp'):g}"
-
-
-@fact("mixed_precision.ulps_8_16")
-def _() -> str:
-    return f"{_binade('[8, 16)', 'addend_in_ulps'):.2f}"
-
-
-@fact("mixed_precision.step_8_16")
-def _() -> str:
-    return f"{_binade('[8, 16)', 'added_per_add'):.7f}"
-
-
-@fact("mixed_precision.adds_8_16")
-def _() -> str:
-    return f"{_binade('[8, 16)', 'adds'):.0f}"
-
-
 def fp32_systematic_error() -> float:
     """The fp32 loop's error rebuilt from its per-binade roundings (each the same within a binade)."""
     b = binades(torch.float32)
     return float(((b.added_per_add - ADDEND) * b.adds).sum())
-
-
-@fact("mixed_precision.fp32_step_error_8_16")
-def _() -> str:
-    return f"{_binade('[8, 16)', 'added_per_add', torch.float32) - ADDEND:+.2g}"
-
-
-@fact("mixed_precision.fp32_systematic_error")
-def _() -> str:
-    return f"{fp32_systematic_error():+.6f}"
 
 
 # ---- benchmarking_mixed_precision (a): autocast's dtypes -----------------------------------------------
@@ -178,47 +102,35 @@ def spread() -> pd.DataFrame:
     return t.std_ms / t.mean_ms
 
 
-@fact("mixed_precision.speedup_small_train")
-def _() -> str:
-    return f"{speedups().loc['small', 'train']:.2f}"
-
-
-@fact("mixed_precision.speedup_large_fb")
-def _() -> str:
-    return f"{speedups().loc['2.7B', 'forward-backward']:.1f}"
-
-
-@fact("mixed_precision.speedup_large_fwd")
-def _() -> str:
-    return f"{speedups().loc['2.7B', 'forward']:.1f}"
-
-
-@fact("mixed_precision.peak_ratio")
-def _() -> str:
-    return f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}"
-
-
-@fact("mixed_precision.bf16_cv_max")
-def _() -> str:
-    return f"{spread().xs('bf16', level='dtype').max():.0%}"
-
-
-@fact("mixed_precision.fp32_cv_max")
-def _() -> str:
-    return f"{spread().xs('fp32', level='dtype').max():.1%}"
-
-
+FP16_ADDEND = float(torch.tensor(ADDEND, dtype=torch.float16))  # 0.01 as fp16 stores it
 AUTOCAST_TENSORS = {"parameters": "parameters (inside autocast)", "fc1": "fc1 output", "ln": "layer-norm output",
                     "logits": "logits", "loss": "loss", "gradients": "gradients"}
 
-
-def _register_dtype_facts() -> None:
-    """One fact per (device, autocast dtype, tensor): mixed_precision.cuda_fp16_fc1 and so on."""
-    for device in ("cuda", "cpu"):
-        for dtype in ("fp16", "bf16"):
-            for short, tensor in AUTOCAST_TENSORS.items():
-                fact(f"mixed_precision.{device}_{dtype}_{short}")(
-                    lambda d=device, a=dtype, t=tensor: f"`{autocast_dtypes(d, a)[t]}`")
-
-
-_register_dtype_facts()
+register({
+    # mixed_precision_accumulation
+    "mixed_precision.fp32_result": lambda: f"{_gpu('fp32 += fp32'):.6f}",
+    "mixed_precision.fp16_result": lambda: f"{_gpu('fp16 += fp16'):.6f}",
+    "mixed_precision.fp16_error": lambda: f"{-_gpu('fp16 += fp16', 'error'):g}",
+    "mixed_precision.mixed_result": lambda: f"{_gpu('fp32 += fp16'):.6f}",
+    "mixed_precision.addend_fp16": lambda: repr(FP16_ADDEND),
+    "mixed_precision.addend_fp16_times_n": lambda: f"{N_ADDS * FP16_ADDEND:.6f}",
+    "mixed_precision.ulp_4_8": lambda: f"{_binade('[4, 8)', 'ulp'):g}",
+    "mixed_precision.ulps_4_8": lambda: f"{_binade('[4, 8)', 'addend_in_ulps'):.2f}",
+    "mixed_precision.step_4_8": lambda: f"{_binade('[4, 8)', 'added_per_add'):.4f}",
+    "mixed_precision.ulp_8_16": lambda: f"{_binade('[8, 16)', 'ulp'):g}",
+    "mixed_precision.ulps_8_16": lambda: f"{_binade('[8, 16)', 'addend_in_ulps'):.2f}",
+    "mixed_precision.step_8_16": lambda: f"{_binade('[8, 16)', 'added_per_add'):.7f}",
+    "mixed_precision.adds_8_16": lambda: f"{_binade('[8, 16)', 'adds'):.0f}",
+    "mixed_precision.fp32_step_error_8_16": lambda: f"{_binade('[8, 16)', 'added_per_add', torch.float32) - ADDEND:+.2g}",
+    "mixed_precision.fp32_systematic_error": lambda: f"{fp32_systematic_error():+.6f}",
+    # benchmarking_mixed_precision (a): mixed_precision.cuda_fp16_fc1 and so on
+    **{f"mixed_precision.{device}_{dtype}_{short}": (lambda d=device, a=dtype, t=tensor: f"`{autocast_dtypes(d, a)[t]}`")
+       for device in ("cuda", "cpu") for dtype in ("fp16", "bf16") for short, tensor in AUTOCAST_TENSORS.items()},
+    # (c)
+    "mixed_precision.speedup_small_train": lambda: f"{speedups().loc['small', 'train']:.2f}",
+    "mixed_precision.speedup_large_fb": lambda: f"{speedups().loc['2.7B', 'forward-backward']:.1f}",
+    "mixed_precision.speedup_large_fwd": lambda: f"{speedups().loc['2.7B', 'forward']:.1f}",
+    "mixed_precision.peak_ratio": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}",
+    "mixed_precision.bf16_cv_max": lambda: f"{spread().xs('bf16', level='dtype').max():.0%}",
+    "mixed_precision.fp32_cv_max": lambda: f"{spread().xs('fp32', level='dtype').max():.1%}",
+})

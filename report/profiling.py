@@ -8,6 +8,8 @@ Part 1 report modules (mixed_precision, memory, attention).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 
 from cs336_systems.bench.device import peak_flops
@@ -50,18 +52,20 @@ def with_source(table: pd.DataFrame, bench: str, used: pd.DataFrame | None = Non
             + provenance_line(used if used is not None else load_results(bench), SRC.format(bench)))
 
 
+def span(values, fmt: str = ".0f", unit: str = "") -> str:
+    """'lo to hi' of some values, each formatted: a range quoted in a sentence."""
+    s = pd.Series(values)
+    return f"{s.min():{fmt}}{unit} to {s.max():{fmt}}{unit}"
+
+
+def register(facts: dict[str, Callable[[], object]]) -> None:
+    """Register a module's facts, name -> function, with report.facts."""
+    for name, fn in facts.items():
+        fact(name)(fn)
+
+
 def parameter_tensors(size: str) -> int:
     return len(list(TransformerLM.from_config(get_config(size), device="meta").parameters()))
-
-
-@fact("profiling.peak_fp32_tflops")
-def _() -> str:
-    return f"{peak_flops('NVIDIA H200', 'fp32') / 1e12:.0f}"
-
-
-@fact("profiling.peak_bf16_tflops")
-def _() -> str:
-    return f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}"
 
 
 # ---- benchmarking_script (b): five sizes -----------------------------------------------------------
@@ -94,45 +98,6 @@ def e2e_ratios() -> pd.DataFrame:
         "fb_cv": t.loc[(s, "forward-backward"), "std_ms"] / t.loc[(s, "forward-backward"), "mean_ms"],
         "fb_ms": t.loc[(s, "forward-backward"), "mean_ms"], "params": count_parameters(get_config(s))["total"],
         "mfu": t.loc[(s, "forward-backward"), "mfu"]} for s in SIZES]).set_index("size")
-
-
-@fact("profiling.fb_cv_max")
-def _() -> str:
-    return f"{e2e_ratios().fb_cv.max():.1%}"
-
-
-@fact("profiling.time_ratio_large_small")
-def _() -> str:
-    r = e2e_ratios()
-    return f"{r.fb_ms['2.7B'] / r.fb_ms['small']:.0f}"
-
-
-@fact("profiling.param_ratio_large_small")
-def _() -> str:
-    r = e2e_ratios()
-    return f"{r.params['2.7B'] / r.params['small']:.0f}"
-
-
-@fact("profiling.fwd_ms_small")
-def _() -> str:
-    return f"{timings().loc[('small', 'forward'), 'mean_ms']:.0f}"
-
-
-@fact("profiling.fwd_ms_large")
-def _() -> str:
-    return f"{timings().loc[('2.7B', 'forward'), 'mean_ms']:.0f}"
-
-
-@fact("profiling.bwd_ms_small")
-def _() -> str:
-    t = timings()
-    return f"{t.loc[('small', 'forward-backward'), 'mean_ms'] - t.loc[('small', 'forward'), 'mean_ms']:.0f}"
-
-
-@fact("profiling.bwd_ms_large")
-def _() -> str:
-    t = timings()
-    return f"{t.loc[('2.7B', 'forward-backward'), 'mean_ms'] - t.loc[('2.7B', 'forward'), 'mean_ms']:.0f}"
 
 
 # ---- benchmarking_script (c): warm-up -------------------------------------------------------------
@@ -191,47 +156,34 @@ def _warm(mode: str) -> pd.DataFrame:
     return w[w["mode"] == mode]
 
 
-@fact("profiling.first_extra_fb_ms")
-def _() -> str:
-    w = _warm("forward-backward")
-    return f"{w.extra_ms.min():.0f} to {w.extra_ms.max():.0f}"
+def _bwd_ms(size: str) -> float:
+    t = timings()
+    return t.loc[(size, "forward-backward"), "mean_ms"] - t.loc[(size, "forward"), "mean_ms"]
 
 
-@fact("profiling.first_extra_fwd_ms")
-def _() -> str:
-    w = _warm("forward")
-    return f"{w.extra_ms.min():.0f} to {w.extra_ms.max():.0f}"
-
-
-@fact("profiling.first_over_steady_small_fwd")
-def _() -> str:
-    return f"{_warm('forward').set_index('size').first_over_steady['small']:.0f}"
-
-
-@fact("profiling.cuda_context_ms")
-def _() -> str:
+def _w5_vs_w1(small: bool) -> float:
     w = warmup_rows()
-    return f"{w.context_ms.min():.0f} to {w.context_ms.max():.0f}"
+    return w[(w["size"] == "small") == small].w5_vs_w1.max()
 
 
-@fact("profiling.w1_vs_w2_max")
-def _() -> str:
-    return f"{warmup_rows().w1_vs_w2.max():.1%}"
-
-
-@fact("profiling.std_w1_over_w2")
-def _() -> str:
-    w = warmup_rows()
-    return f"{w.std_w1_over_w2.min():.2f} to {w.std_w1_over_w2.max():.2f}"
-
-
-@fact("profiling.w5_vs_w1_max_big")
-def _() -> str:
-    w = warmup_rows()
-    return f"{w[w['size'] != 'small'].w5_vs_w1.max():.1%}"
-
-
-@fact("profiling.w5_vs_w1_max_small")
-def _() -> str:
-    w = warmup_rows()
-    return f"{w[w['size'] == 'small'].w5_vs_w1.max():.0%}"
+register({
+    "profiling.peak_fp32_tflops": lambda: f"{peak_flops('NVIDIA H200', 'fp32') / 1e12:.0f}",
+    "profiling.peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
+    # (b)
+    "profiling.fb_cv_max": lambda: f"{e2e_ratios().fb_cv.max():.1%}",
+    "profiling.time_ratio_large_small": lambda: f"{e2e_ratios().fb_ms['2.7B'] / e2e_ratios().fb_ms['small']:.0f}",
+    "profiling.param_ratio_large_small": lambda: f"{e2e_ratios().params['2.7B'] / e2e_ratios().params['small']:.0f}",
+    "profiling.fwd_ms_small": lambda: f"{timings().loc[('small', 'forward'), 'mean_ms']:.0f}",
+    "profiling.fwd_ms_large": lambda: f"{timings().loc[('2.7B', 'forward'), 'mean_ms']:.0f}",
+    "profiling.bwd_ms_small": lambda: f"{_bwd_ms('small'):.0f}",
+    "profiling.bwd_ms_large": lambda: f"{_bwd_ms('2.7B'):.0f}",
+    # (c)
+    "profiling.first_extra_fb_ms": lambda: span(_warm("forward-backward").extra_ms),
+    "profiling.first_extra_fwd_ms": lambda: span(_warm("forward").extra_ms),
+    "profiling.first_over_steady_small_fwd": lambda: f"{_warm('forward').set_index('size').first_over_steady['small']:.0f}",
+    "profiling.cuda_context_ms": lambda: span(warmup_rows().context_ms),
+    "profiling.w1_vs_w2_max": lambda: f"{warmup_rows().w1_vs_w2.max():.1%}",
+    "profiling.std_w1_over_w2": lambda: span(warmup_rows().std_w1_over_w2, ".2f"),
+    "profiling.w5_vs_w1_max_big": lambda: f"{_w5_vs_w1(small=False):.1%}",
+    "profiling.w5_vs_w1_max_small": lambda: f"{_w5_vs_w1(small=True):.0%}",
+})

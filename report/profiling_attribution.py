@@ -11,8 +11,14 @@ import pandas as pd
 
 from cs336_systems.model import get_config
 from cs336_systems.profiling.kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
-from report.facts import fact
-from report.profiling import PHASES, newest, ok, parameter_tensors, with_source
+from report.profiling import (
+    PHASES,
+    newest,
+    ok,
+    parameter_tensors,
+    register,
+    with_source,
+)
 from report.profiling_kernels import kernel_cells, kernel_rows, overcounted
 
 
@@ -99,42 +105,13 @@ def inflated(threshold: float = RANGE_TOLERANCE) -> pd.DataFrame:
     return c[c["old sum over unique, fwd"] > threshold]
 
 
-@fact("profiling.first_run_marked")
-def _() -> str:
-    return str(len(marked_rows()))
-
-
-@fact("profiling.rerun_cells")
-def _() -> str:
-    return f"{len(rerun_cells())} of {len(kernel_cells())}"
-
-
-@fact("profiling.rerun_max_ratio")
-def _() -> str:
-    return f"{rerun_checks()['max kernels / range'].max():.3f}"
-
-
-@fact("profiling.old_sum_excess_fwd_max")
-def _() -> str:
-    return f"{rerun_checks()['old sum over unique, fwd'].max():+.1%}"
-
-
-@fact("profiling.colliding_ids_total")
-def _() -> str:
-    return f"{rerun_checks()['colliding CPU ids'].sum():,}"
-
-
-@fact("profiling.inflated_cells")
-def _() -> str:
-    return str(len(inflated()))
-
-
-@fact("profiling.inflated_colliding_min")
-def _() -> str:
-    return f"{inflated()['colliding CPU ids'].min():,}"
-
-
-@fact("profiling.quiet_colliding_max")
-def _() -> str:
-    c = rerun_checks()
-    return f"{c.drop(inflated().index)['colliding CPU ids'].max():,}"
+register({
+    "profiling.first_run_marked": lambda: str(len(marked_rows())),
+    "profiling.rerun_cells": lambda: f"{len(rerun_cells())} of {len(kernel_cells())}",
+    "profiling.rerun_max_ratio": lambda: f"{rerun_checks()['max kernels / range'].max():.3f}",
+    "profiling.old_sum_excess_fwd_max": lambda: f"{rerun_checks()['old sum over unique, fwd'].max():+.1%}",
+    "profiling.colliding_ids_total": lambda: f"{rerun_checks()['colliding CPU ids'].sum():,}",
+    "profiling.inflated_cells": lambda: str(len(inflated())),
+    "profiling.inflated_colliding_min": lambda: f"{inflated()['colliding CPU ids'].min():,}",
+    "profiling.quiet_colliding_max": lambda: f"{rerun_checks().drop(inflated().index)['colliding CPU ids'].max():,}",
+})

@@ -13,8 +13,16 @@ from cs336_systems.model import get_config
 from cs336_systems.profiling.kernel_attribution import RANGE_TOLERANCE
 from cs336_systems.profiling.nvtx import attention_flops
 from cs336_systems.profiling.torch_profile import is_matmul, short_name
-from report.facts import fact
-from report.profiling import PHASES, by_size, newest, ok, parameter_tensors, with_source
+from report.profiling import (
+    PHASES,
+    by_size,
+    newest,
+    ok,
+    parameter_tensors,
+    register,
+    span,
+    with_source,
+)
 from report.results import load_results
 
 # ---- nsys_profile: the kernel profiles -----------------------------------------------------------
@@ -109,97 +117,9 @@ def kernel_list(size: str, context: int, phase: str, n: int = 8, matmul: bool | 
     return with_source(g[["kernel", "calls", "ms", "share of phase"]], "profiling/kernels", used=k)
 
 
-@fact("profiling.cells_ran")
-def _() -> str:
-    c = newest(load_results("profiling/kernel_cells"), ["size", "context"])
-    return f"{(c['status'] == 'ok').sum()} of {len(c)}"
-
-
 def _cell(size: str, context: int):
     c = kernel_cells()
     return c[(c["size"] == size) & (c["context"] == context)].iloc[0]
-
-
-@fact("profiling.large_fwd_kernel_ms")
-def _() -> str:
-    return f"{_cell('2.7B', 512).fwd_kernel_ms:.0f}"
-
-
-@fact("profiling.large_fwd_python_ms")
-def _() -> str:
-    return f"{_cell('2.7B', 512).fwd_python_ms:.0f}"
-
-
-@fact("profiling.small_fwd_kernel_ms")
-def _() -> str:
-    return f"{_cell('small', 128).fwd_kernel_ms:.1f}"
-
-
-@fact("profiling.small_fwd_python_ms")
-def _() -> str:
-    return f"{_cell('small', 128).fwd_python_ms:.1f}"
-
-
-@fact("profiling.small_fwd_range_ms")
-def _() -> str:
-    return f"{_cell('small', 128).fwd_range_ms:.1f}"
-
-
-@fact("profiling.top_not_fwd_sizes")
-def _() -> str:
-    t = top_kernels()
-    names = list(t[~t.both_is_fwd_top]["size"])
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
-@fact("profiling.other_share")
-def _() -> str:
-    c = kernel_cells()
-    return f"{c.fb_other_share.min():.0%} to {c.fb_other_share.max():.0%}"
-
-
-@fact("profiling.fwd_matmul_share")
-def _() -> str:
-    c = kernel_cells()
-    return f"{c.fwd_matmul_share.min():.0%} to {c.fwd_matmul_share.max():.0%}"
-
-
-@fact("profiling.step_matmul_share")
-def _() -> str:
-    c = kernel_cells()
-    return f"{c.step_matmul_share.min():.0%} to {c.step_matmul_share.max():.0%}"
-
-
-@fact("profiling.opt_ms_large")
-def _() -> str:
-    return f"{_cell('2.7B', 128).opt_kernel_ms:.0f}"
-
-
-@fact("profiling.share_drop_large_128")
-def _() -> str:
-    r = _cell("2.7B", 128)
-    return f"{r.fb_matmul_share:.0%} to {r.step_matmul_share:.0%}"
-
-
-@fact("profiling.share_drop_large_1024")
-def _() -> str:
-    r = _cell("2.7B", 1024)
-    return f"{r.fb_matmul_share:.0%} to {r.step_matmul_share:.0%}"
-
-
-@fact("profiling.adamw_launches_per_tensor")
-def _() -> str:
-    return f"{_cell('small', 512).opt_launches / parameter_tensors('small'):.0f}"
-
-
-@fact("profiling.adamw_launches_small")
-def _() -> str:
-    return f"{_cell('small', 512).opt_launches:,.0f}"
-
-
-@fact("profiling.tensors_small")
-def _() -> str:
-    return str(parameter_tensors("small"))
 
 
 # ---- nsys_profile (e): softmax against the matmuls inside attention ----------------------------------
@@ -232,25 +152,42 @@ def attention_regions_table() -> str:
     return with_source(shown, "profiling/kernel_cells", used=kernel_cells())
 
 
-@fact("profiling.softmax_time_ratio")
-def _() -> str:
-    a = attention_region_rows()
-    return f"{a.time_ratio.min():.0%} to {a.time_ratio.max():.0%}"
+def _words(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-@fact("profiling.softmax_flop_ratio_d64")
-def _() -> str:
-    f = attention_flops(1, 1, 1, 64)
-    return f"{f['attn_softmax'] / (f['attn_scores'] + f['attn_output']):.1%}"
+def _flop_ratio(d_head: int) -> float:
+    f = attention_flops(1, 1, 1, d_head)
+    return f["attn_softmax"] / (f["attn_scores"] + f["attn_output"])
 
 
-@fact("profiling.softmax_flop_ratio_d80")
-def _() -> str:
-    f = attention_flops(1, 1, 1, get_config("2.7B").d_head)
-    return f"{f['attn_softmax'] / (f['attn_scores'] + f['attn_output']):.1%}"
+def _cells_ran() -> str:
+    c = newest(load_results("profiling/kernel_cells"), ["size", "context"])
+    return f"{(c['status'] == 'ok').sum()} of {len(c)}"
 
 
-@fact("profiling.softmax_per_flop")
-def _() -> str:
-    a = attention_region_rows()
-    return f"{a.per_flop.min():.0f} to {a.per_flop.max():.0f}"
+register({
+    "profiling.cells_ran": _cells_ran,
+    # (a)
+    "profiling.large_fwd_kernel_ms": lambda: f"{_cell('2.7B', 512).fwd_kernel_ms:.0f}",
+    "profiling.large_fwd_python_ms": lambda: f"{_cell('2.7B', 512).fwd_python_ms:.0f}",
+    "profiling.small_fwd_kernel_ms": lambda: f"{_cell('small', 128).fwd_kernel_ms:.1f}",
+    "profiling.small_fwd_python_ms": lambda: f"{_cell('small', 128).fwd_python_ms:.1f}",
+    "profiling.small_fwd_range_ms": lambda: f"{_cell('small', 128).fwd_range_ms:.1f}",
+    # (b), (c), (d)
+    "profiling.top_not_fwd_sizes": lambda: _words(list(top_kernels().query("not both_is_fwd_top")["size"])),
+    "profiling.other_share": lambda: span(kernel_cells().fb_other_share, ".0%"),
+    "profiling.fwd_matmul_share": lambda: span(kernel_cells().fwd_matmul_share, ".0%"),
+    "profiling.step_matmul_share": lambda: span(kernel_cells().step_matmul_share, ".0%"),
+    "profiling.opt_ms_large": lambda: f"{_cell('2.7B', 128).opt_kernel_ms:.0f}",
+    "profiling.share_drop_large_128": lambda: "{:.0%} to {:.0%}".format(*_cell("2.7B", 128)[["fb_matmul_share", "step_matmul_share"]]),
+    "profiling.share_drop_large_1024": lambda: "{:.0%} to {:.0%}".format(*_cell("2.7B", 1024)[["fb_matmul_share", "step_matmul_share"]]),
+    "profiling.adamw_launches_per_tensor": lambda: f"{_cell('small', 512).opt_launches / parameter_tensors('small'):.0f}",
+    "profiling.adamw_launches_small": lambda: f"{_cell('small', 512).opt_launches:,.0f}",
+    "profiling.tensors_small": lambda: str(parameter_tensors("small")),
+    # (e)
+    "profiling.softmax_time_ratio": lambda: span(attention_region_rows().time_ratio, ".0%"),
+    "profiling.softmax_flop_ratio_d64": lambda: f"{_flop_ratio(64):.1%}",
+    "profiling.softmax_flop_ratio_d80": lambda: f"{_flop_ratio(get_config('2.7B').d_head):.1%}",
+    "profiling.softmax_per_flop": lambda: span(attention_region_rows().per_flop),
+})
