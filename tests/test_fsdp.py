@@ -47,6 +47,7 @@ OPTIMIZERS = {
                                               weight_decay=0.1),
 }
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}  # half the gap between 1 and the next number
 # The layers FSDP must shard, by class (the reference's own list; FSDP itself goes by shape).
 LAYER_TYPES = (nn.Linear, nn.Embedding, course_standins.Linear, course_standins.Embedding,
                our_layers.Linear, our_layers.Embedding)
@@ -96,17 +97,20 @@ def _train(worker: Worker, model_name: str, opt_name: str, dtype_name: str) -> d
     make, batches, loss_fn = MODELS[model_name]
     fsdp = adapters.get_fsdp(make(seed=100 + worker.rank), compute_dtype=DTYPES[dtype_name])
     optimizer = OPTIMIZERS[opt_name]([p for p in fsdp.parameters() if p.requires_grad])
-    first_grads = {}
+    first_grads, out_dtype = {}, None
     for step, (x, y) in enumerate(batches):
         optimizer.zero_grad(set_to_none=True)
         x, y = shard((x, y), worker.rank, worker.world_size)
-        loss_fn(fsdp(x), y).backward()
+        out = fsdp(x)
+        out_dtype = out.dtype
+        loss_fn(out, y).backward()
         adapters.fsdp_on_after_backward(fsdp_model=fsdp, optimizer=optimizer)
         if step == 0:
             first_grads = {n: (p.detach().clone(), None if p.grad is None else p.grad.clone())
                            for n, p in fsdp.module.named_parameters()}
         optimizer.step()
     return {"full": adapters.fsdp_gather_full_params(fsdp), "first": first_grads,
+            "out_dtype": out_dtype,
             "sharded": fsdp.sharded_parameter_names(),
             "own_parameters": [id(p) for p in fsdp.parameters()] == [
                 id(p) for p in fsdp.module.parameters()]}
@@ -215,9 +219,10 @@ def _rank_gradients(master: nn.Module, x, y, loss_fn, dtype) -> tuple[dict, set[
     return {n: p.grad for n, p in work.named_parameters()}, low
 
 
-def reference(model_name: str, opt_name: str, dtype_name: str):
-    """(final parameters by name, largest |gradient| seen): per-half gradients averaged, then the
-    same optimizer on fp32 weights."""
+def reference(model_name: str, opt_name: str, dtype_name: str) -> dict:
+    """Per-half gradients averaged, then the same optimizer on fp32 weights. Returns the final
+    parameters by name ("final"), the first step's averaged gradients ("first_grads") and the
+    largest |gradient| seen ("g_max")."""
     with _threads(THREADS):
         return _reference(model_name, opt_name, dtype_name)
 
@@ -228,7 +233,7 @@ def _reference(model_name: str, opt_name: str, dtype_name: str):
     master = make(seed=100)
     params = dict(master.named_parameters())
     optimizer = OPTIMIZERS[opt_name]([p for p in params.values() if p.requires_grad])
-    g_max = 0.0
+    g_max, first_grads = 0.0, None
     for x, y in batches:
         per_rank = [_rank_gradients(master, *shard((x, y), r, WORLD_SIZE), loss_fn, dtype)
                     for r in range(WORLD_SIZE)]
@@ -242,8 +247,11 @@ def _reference(model_name: str, opt_name: str, dtype_name: str):
                 grads = [g.float() for g in grads]
             p.grad = (sum(grads[1:], grads[0]) / len(grads)).float()
             g_max = max(g_max, p.grad.abs().max().item())
+        if first_grads is None:
+            first_grads = {n: None if p.grad is None else p.grad.clone() for n, p in params.items()}
         optimizer.step()
-    return {n: p.detach() for n, p in params.items()}, g_max
+    return {"final": {n: p.detach() for n, p in params.items()}, "first_grads": first_grads,
+            "g_max": g_max}
 
 
 def _tolerance(opt_name: str, dtype_name: str, g_max: float) -> float:
@@ -256,7 +264,7 @@ def _tolerance(opt_name: str, dtype_name: str, g_max: float) -> float:
     lr*g, so by at most 2u*lr*g_max more. An AdamW step lr*m/(sqrt(v)+eps) is at most
     lr*(1-b1)/sqrt(1-b2) in size (Kingma & Ba, section 2.1) and moves relatively by at most twice
     the gradient's relative change. Summed over the steps."""
-    u = {"bf16": 2.0**-8, "fp16": 2.0**-11}[dtype_name]
+    u = UNIT_ROUNDOFF[dtype_name]
     if opt_name == "sgd":
         per_step = 2 * u * LR["sgd"] * g_max
     else:
@@ -270,7 +278,8 @@ def _tolerance(opt_name: str, dtype_name: str, g_max: float) -> float:
 def test_training_matches_single_process(ranks, case):
     model_name, opt_name, dtype_name = case
     cid = "-".join(case)
-    expected, g_max = reference(*case)
+    ref = reference(*case)
+    expected, g_max = ref["final"], ref["g_max"]
     for rank, seen in enumerate(r[cid] for r in ranks):
         full = seen["full"]
         assert list(full) == list(expected), "keyed exactly like named_parameters(), same order"
@@ -285,6 +294,31 @@ def test_training_matches_single_process(ranks, case):
         assert seen["own_parameters"], "the wrapper's parameters() are the module's own"
     for name in expected:  # both ranks gathered the same weights
         assert torch.equal(ranks[0][cid]["full"][name], ranks[1][cid]["full"][name]), name
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_first_step_gradients_and_compute_dtype(ranks, case):
+    """Step 0 starts from equal weights, so the only room for a difference is the one rounding of
+    the cross-rank sum: |delta| <= u*|g| (allow 2u: the sum may be rounded twice, through fp32 and
+    back). Computing in fp32 instead of the compute dtype would miss this by far. The pieces,
+    concatenated in rank order, are the whole gradient. The model's output (a sharded layer's)
+    comes out in the compute dtype."""
+    model_name, _, dtype_name = case
+    cid = "-".join(case)
+    want = reference(*case)["first_grads"]
+    sharded = set(ranks[0][cid]["sharded"])
+    for name, expected in want.items():
+        if expected is None:
+            continue
+        pieces = [r[cid]["first"][name][1] for r in ranks]
+        got = torch.cat(pieces).view(expected.shape) if name in sharded else pieces[0]
+        if dtype_name == "fp32":
+            assert torch.equal(got, expected), name
+        else:
+            torch.testing.assert_close(got, expected, rtol=2 * UNIT_ROUNDOFF[dtype_name], atol=0,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+    for r in ranks:
+        assert r[cid]["out_dtype"] == (DTYPES[dtype_name] or torch.float32)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
