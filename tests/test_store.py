@@ -219,8 +219,9 @@ def test_committed_results_refuse_rows_from_untraceable_code(committed_root, tmp
     with pytest.raises(UncommittedCode):
         run_sweep(store, [{"n": 1}], lambda c: pytest.fail("measured before refusing"))
     assert not store.path.exists()
-    scratch = ResultStore("demo/dirty", key=["n"], root=tmp_path / "scratch", device="cpu")
-    assert scratch.append({"n": 1}, {"x": 1})["git"] == commit  # scratch roots take any tree
+    for scratch_root in (tmp_path / "scratch", committed_root / "_local"):  # scratch takes any tree
+        scratch = ResultStore("demo/dirty", key=["n"], root=scratch_root, device="cpu")
+        assert scratch.append({"n": 1}, {"x": 1})["git"] == commit
 
 
 def test_allow_dirty_writes_rows_labelled_dirty(committed_root, monkeypatch):

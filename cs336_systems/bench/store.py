@@ -13,8 +13,8 @@ new row starts on a line of its own instead of being glued to the torn one.
 
 Rows written under the repository's results/ must be traceable to a commit: from a tree with
 uncommitted code changes the store refuses to append there (UncommittedCode) unless
-CS336_ALLOW_DIRTY=1, and then the rows say '<commit>-dirty'. Scratch roots (tests, --results-dir
-elsewhere) take rows from any tree.
+CS336_ALLOW_DIRTY=1, and then the rows say '<commit>-dirty'. Scratch roots (tests, results/_local/,
+--results-dir elsewhere) take rows from any tree.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # --results-dir); committed GPU results live under results/ in the repository.
 DEFAULT_ROOT = Path(os.environ.get("CS336_RESULTS_DIR", REPO_ROOT / "results"))
 # The results the site is built from: every row here must name the commit that measured it.
+# Except results/_local/, which git ignores: the place for scratch runs.
 COMMITTED_ROOT = REPO_ROOT / "results"
+SCRATCH_DIR = "_local"
 DONE_STATUSES = frozenset({"ok", "oom", "unsupported"})  # "error" rows are retried on re-run
 
 
@@ -159,9 +161,9 @@ def repair_torn_tail(path: str | Path) -> str | None:
 
 def check_committable(path: str | Path) -> None:
     """Refuse (UncommittedCode) to write under the committed results/ from untraceable code."""
-    path = Path(path).resolve()
-    if not path.is_relative_to(COMMITTED_ROOT.resolve()):
-        return  # a scratch root: tests, CPU trials
+    path, committed = Path(path).resolve(), COMMITTED_ROOT.resolve()
+    if not path.is_relative_to(committed) or path.relative_to(committed).parts[0] == SCRATCH_DIR:
+        return  # a scratch root: tests, CPU trials, results/_local/
     commit = git_commit()
     if traceable(commit) or os.environ.get("CS336_ALLOW_DIRTY") == "1":
         return
