@@ -163,3 +163,30 @@ def assert_within(actual: torch.Tensor, expected: torch.Tensor, bound, what: str
         raise AssertionError(f"{what}: {int((excess > 0).sum())} of {diff.numel()} elements past the "
                              f"bound; worst at flat index {i}: |diff| {diff.flatten()[i].item():.3g} > "
                              f"bound {b:.3g}")
+
+
+def assert_relative_error(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str) -> None:
+    """Normwise: ||actual - expected|| / ||expected|| (Frobenius, in float64) at most `tol`."""
+    err = ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
+
+
+# -- the Transformer LM: roundings along the longest path ------------------------------------------
+
+def transformer_rounding_depth(cfg, seq: int, batch: int, backward: bool = True) -> int:
+    """An upper bound N on the roundings along any path from the inputs to a logit (and, with
+    `backward`, on to a parameter gradient) of the Transformer LM with config `cfg`.
+
+    One block's longest path: RMSNorm (a sum of d_model squares, then sqrt, eps, divide, scale: d + 5),
+    a projection (d_model), RoPE (3), Q K^T (d_head) and its scale (1), softmax (exp, a sum of seq
+    terms, divide: seq + 3), P V (seq), the output projection (d_model), the residual add (1), the
+    second RMSNorm (d + 5), W1 (d_model), SiLU and the gate product (5), W2 (d_ff), the residual (1).
+    Then the final RMSNorm and the LM head (2 d + 5), and the loss's logsumexp over the vocabulary.
+    The backward retraces the path once more and sums each weight gradient over the batch's tokens.
+    """
+    d, d_head = cfg.d_model, cfg.d_model // cfg.num_heads
+    block = 5 * d + d_head + 2 * seq + cfg.d_ff + 25
+    forward = cfg.num_layers * block + 2 * d + 5
+    if not backward:
+        return forward
+    return 2 * (forward + cfg.vocab_size + 6) + batch * seq
