@@ -1,8 +1,8 @@
 """Checking attention inputs once, for every implementation: shapes, dtypes, devices, head dim.
 
 Anything the kernels cannot do, or would get wrong, raises ValueError naming the argument, before
-any launch. Inputs are (batch, seq, d) or (batch, heads, seq, d); both become 4-D views (Z, H, N, d) so the
-kernels see one layout (a 3-D input is H = 1).
+any launch. Inputs are (batch, seq, d) or (batch, heads, seq, d); both become 4-D views
+(Z, H, N, d) so the kernels see one layout (a 3-D input is H = 1).
 """
 
 from __future__ import annotations
