@@ -27,7 +27,8 @@ from ..bench.provenance import provenance
 from ..bench.store import REPO_ROOT
 
 TEST_FILES = ["tests/test_flash_attention.py", "tests/test_onepass_ws.py", "tests/test_fwd_ws.py",
-              "tests/test_weighted_sum.py", "tests/test_online_softmax.py"]
+              "tests/test_weighted_sum.py", "tests/test_online_softmax.py", "tests/test_flash_precision.py",
+              "tests/test_kernel_inputs.py"]
 PY = sys.executable
 
 
