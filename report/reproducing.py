@@ -63,6 +63,11 @@ def _copy() -> str:
     return f"{copy_ceiling_tbps():.2f}"
 
 
+@fact("ceilings.tf32_over_fp32")
+def _tf32() -> str:
+    return f"{matmul_ceiling_tflops('tf32') / matmul_ceiling_tflops('fp32'):.1f}"
+
+
 @fact("reproducing.provenance_fields")
 def _fields() -> str:
     return ", ".join(f"`{f}`" for f in PROVENANCE_FIELDS)

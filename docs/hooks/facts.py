@@ -1,8 +1,9 @@
 """MkDocs hook: fill `{{ chapter.name }}` placeholders in the prose with facts from the report layer.
 
 The sentence around a placeholder is written by hand in the Markdown; the number comes from
-`report.facts.render(name)`, which reads the committed results. Fenced code blocks are left alone
-(they are code, and the Justfile's `{{ARGS}}` has no dot anyway). An unknown name fails the build.
+`report.facts.render(name)`, which reads the committed results. Fenced code blocks and inline code
+spans are left alone (they are code; a page can show a placeholder as `{{ chapter.name }}`). An
+unknown name fails the build.
 """
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ from report.facts import render
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z0-9_]+(?:\.[a-z0-9_]+)+)\s*\}\}")
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+INLINE_CODE = re.compile(r"(`+)(?:.+?)\1")  # `...` spans stay literal, so a page can show a placeholder
+
+
+def _fill_line(line: str) -> str:
+    out, last = [], 0
+    for code in INLINE_CODE.finditer(line):
+        out.append(PLACEHOLDER.sub(lambda f: render(f.group(1)), line[last:code.start()]))
+        out.append(code.group(0))
+        last = code.end()
+    out.append(PLACEHOLDER.sub(lambda f: render(f.group(1)), line[last:]))
+    return "".join(out)
 
 
 def fill(markdown: str) -> str:
@@ -28,7 +40,7 @@ def fill(markdown: str) -> str:
                 fence = None
             out.append(line)
             continue
-        out.append(line if fence is not None else PLACEHOLDER.sub(lambda f: render(f.group(1)), line))
+        out.append(line if fence is not None else _fill_line(line))
     return "".join(out)
 
 
