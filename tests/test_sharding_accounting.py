@@ -3,6 +3,8 @@ accounting) against hand-worked values, and the measuring helpers against autogr
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -67,6 +69,16 @@ def test_activation_formula_matches_what_autograd_saves(batch, seq):
     with acc.saved_activation_bytes(model.parameters()) as saved:
         cross_entropy(model(x), x)
     assert saved["bytes"] == _saved_bytes_by_hand(model, x)
+
+
+def test_saved_activation_bytes_frees_a_graph_that_is_never_backpropagated():
+    # exp saves its own output: a pack hook returning that tensor as is would keep it alive forever
+    x = torch.randn(16, requires_grad=True)
+    with acc.saved_activation_bytes() as saved:
+        y = x.exp()
+    alive = weakref.ref(y)
+    del y
+    assert saved["bytes"] == 16 * 4 and alive() is None
 
 
 def test_memory_probe_counts_params_grads_and_adamw_state():

@@ -195,7 +195,9 @@ def saved_activation_bytes(exclude: Iterable[torch.Tensor] = ()) -> Iterator[dic
         if ptr not in skip and ptr not in seen:
             seen.add(ptr)
             result["bytes"] += storage.nbytes()
-        return t
+        # Detached: returning t itself makes a saved *output* (exp, silu, ...) hold its own grad_fn,
+        # a cycle through C++ that no garbage collection frees: a graph never backpropagated leaks.
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield result
