@@ -87,6 +87,7 @@ class TransformerLM(nn.Module):
         positions = torch.arange(s, device=token_ids.device)
         mask = self.causal_mask[:s, :s]
         x = self.token_embeddings(token_ids)  # (batch, seq, d_model)
+        # --8<-- [start:checkpoint_every]
         L, k = len(self.layers), self.checkpoint_every
         if k and torch.is_grad_enabled():
             # use_reentrant=False: the recommended implementation (works with inputs that need no
@@ -96,4 +97,5 @@ class TransformerLM(nn.Module):
                                use_reentrant=False)
         else:
             x = self._run_blocks(x, 0, L, mask, positions)
+        # --8<-- [end:checkpoint_every]
         return self.lm_head(self.ln_final(x))  # (batch, seq, vocab)

@@ -34,6 +34,7 @@ def _positive(**values) -> None:
 
 # -- collectives -------------------------------------------------------------------------------
 
+# --8<-- [start:collective_time]
 def ring_collective_time(S, N, W, op: str):
     """Seconds of a ring collective of S bytes (the full tensor) over N devices at W bytes/s each."""
     _positive(S=S, N=N, W=W)
@@ -47,67 +48,83 @@ def alternate_all_reduce_time(S, N, W):
     """The alternate ring: N - 1 steps, each device sending a whole S-byte tensor: (N-1) S / W."""
     _positive(S=S, N=N, W=W)
     return (N - 1) * S / W
+# --8<-- [end:collective_time]
 
 
 # -- FLOPs -------------------------------------------------------------------------------------
 
+# --8<-- [start:flops]
 def ffn_flops(B, D, F, N=1, pass_: str = "forward"):
     """Matmul FLOPs per device: forward 6BDF/N, backward 12BDF/N (same for DP, FSDP, TP, 2-D)."""
     _positive(B=B, D=D, F=F, N=N)
     if pass_ not in ("forward", "backward"):
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
     return (6 if pass_ == "forward" else 12) * B * D * F / N
+# --8<-- [end:flops]
 
 
 # -- communication seconds per pass --------------------------------------------------------------
 
 # --8<-- [start:comm]
+# --8<-- [start:dp_comm]
 def dp_comm_time(D, F, N, W, b=BYTES):
     """DP backward: all-reduce the three weight gradients, S = 3 D F b: 2(N-1)/N 3DFb/W.
     The forward communicates nothing."""
     return ring_collective_time(3 * D * F * b, N, W, "all_reduce")
+# --8<-- [end:dp_comm]
 
 
+# --8<-- [start:fsdp_comm]
 def fsdp_comm_time(D, F, N, W, pass_: str = "backward", b=BYTES):
     """FSDP forward: all-gather the three weights, (N-1)/N 3DFb/W. Backward: all-gather them again
     and reduce-scatter their gradients: twice that, the same bytes as DP's all-reduce."""
     gather = ring_collective_time(3 * D * F * b, N, W, "all_gather")
     return gather if pass_ == "forward" else gather + ring_collective_time(3 * D * F * b, N, W, "reduce_scatter")
+# --8<-- [end:fsdp_comm]
 
 
+# --8<-- [start:tp_comm]
 def tp_comm_time(B, D, N, W, b=BYTES):
     """TP, either pass: one all-reduce of a (B, D) activation (y forward, dx backward):
     2(N-1)/N BDb/W. W1 and W2 column-parallel, W3 row-parallel, so nothing else moves."""
     return ring_collective_time(B * D * b, N, W, "all_reduce")
+# --8<-- [end:tp_comm]
 
 
+# --8<-- [start:fsdp_tp_comm]
 def fsdp_tp_comm_times(B, D, F, N_fsdp, N_tp, W, b=BYTES):
     """2-D forward, per device: (FSDP all-gather of a TP slice of the weights, TP all-reduce of the
     batch slice's output) = ((N_f-1)/N_f 3DFb/(N_t W), 2(N_t-1)/N_t B D b/(N_f W))."""
     _positive(N_fsdp=N_fsdp, N_tp=N_tp)
     return (ring_collective_time(3 * D * F * b / N_tp, N_fsdp, W, "all_gather"),
             ring_collective_time(B * D * b / N_fsdp, N_tp, W, "all_reduce"))
+# --8<-- [end:fsdp_tp_comm]
 # --8<-- [end:comm]
 
 
 # -- how many devices before communication outlasts compute ------------------------------------
 
 # --8<-- [start:max_devices]
+# --8<-- [start:dp_bound]
 def dp_max_devices(B, C, W):
     """12BDF/(NC) >= 12DF(N-1)/(NW)  <=>  N <= 1 + B W / C. D and F cancel: the batch alone
     pays for the gradients' bytes. FSDP's two passes give the same bound."""
     _positive(B=B, C=C, W=W)
     return 1 + B * W / C
+# --8<-- [end:dp_bound]
 
 
+# --8<-- [start:tp_bound]
 def tp_max_devices(F, C, W, pass_: str = "backward", b=BYTES):
     """Forward: 6BDF/(NC) >= 2(N-1)BDb/(NW)  <=>  N <= 1 + 3FW/(bC) (b = 2: 1 + 3FW/(2C)).
     Backward, twice the FLOPs for the same bytes: N <= 1 + 6FW/(bC). B and D cancel: the width
     of the FFN alone pays for the activations' bytes."""
     _positive(F=F, C=C, W=W)
     return 1 + (3 if pass_ == "forward" else 6) * F * W / (b * C)
+# --8<-- [end:tp_bound]
 
 
+# --8<-- [start:fsdp_tp_bound]
 def fsdp_tp_max_devices(B, F, C, W, overlap: bool = True, b=BYTES):
     """Forward of 2-D parallelism, N = N_FSDP N_TP devices at the best split, T = 6BDF/(NC).
 
@@ -132,6 +149,7 @@ def _no_overlap_constraint(B, F, C, W, b):
     _positive(B=B, F=F, C=C, W=W)
     p, q = 3 * F * b, 2 * B * b
     return p, q, 6 * B * F * W / C + p + q
+# --8<-- [end:fsdp_tp_bound]
 
 
 def fsdp_tp_split(B, F, C, W, overlap: bool = True, b=BYTES) -> tuple:
