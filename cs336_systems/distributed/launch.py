@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -146,10 +147,15 @@ def remove_stale_spawn_dirs(tmp: str | Path | None = None) -> list[Path]:
     return removed
 
 
-def _leave_if_orphaned(parent_pid: int, out_dir: str) -> None:
-    """If the parent is gone, remove the run's directory and exit: nobody will read what we write.
+def _leave_if_orphaned(parent_pid: int, out_dir: str, grace_s: float = 0.0) -> None:
+    """If the parent is gone (or goes within `grace_s`), remove the run's directory and exit:
+    nobody will read what we write.
 
-    A killed parent's ranks are re-parented (to init or a subreaper), so getppid() changes."""
+    A killed parent's ranks are re-parented (to init or a subreaper), so getppid() changes, but
+    only once the parent's last thread has exited: the death signal can come a little earlier."""
+    deadline = time.monotonic() + grace_s
+    while os.getppid() == parent_pid and time.monotonic() < deadline:
+        time.sleep(0.05)
     if os.getppid() != parent_pid:
         sys.stderr.write(f"[pid {os.getpid()}] the parent process {parent_pid} is gone; exiting\n")
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -191,8 +197,13 @@ def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: s
         result = fn(worker, *args, **kwargs)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
         dist.destroy_process_group()
-    except BaseException:
-        _leave_if_orphaned(parent_pid, out_dir)  # e.g. the SIGINT of the parent's death
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            # torch's spawn has the kernel send SIGINT when the parent dies, possibly before the
+            # re-parenting shows it, and again after: ignore the second while we look.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _leave_if_orphaned(parent_pid, out_dir, grace_s=2.0)
+        _leave_if_orphaned(parent_pid, out_dir)
         # Keep the traceback readable, tagged with the rank, and timestamped: when one rank fails
         # the others fail soon after ("connection closed by peer"), and the parent reports the
         # earliest failure, which is the cause.
