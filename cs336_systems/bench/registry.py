@@ -38,5 +38,6 @@ BENCHMARKS: dict[str, Benchmark] = {
     "collectives": Benchmark("cs336_systems.distributed.collectives_bench", "all-reduce sizes x backends x world sizes", gpu=False),
     "ddp": Benchmark("cs336_systems.distributed.ddp_bench", "the DDP stages vs torch DDP", gpu=False),
     "sharding": Benchmark("cs336_systems.sharding.sharding_bench", "sharded optimizers: memory and time", gpu=False),
+    "fsdp": Benchmark("cs336_systems.distributed.fsdp_bench", "DDP, sharded optimizer, ZeRO-1, our FSDP, FSDP2: time and memory", gpu=False),
     "tp-ffn": Benchmark("cs336_systems.parallelism.tp_bench", "tensor-parallel SwiGLU vs unsharded, and its all-reduce alone (2 GPUs)", gpu=False),
 }

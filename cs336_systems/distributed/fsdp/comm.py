@@ -45,8 +45,8 @@ class Gather:
         """Cast this rank's piece to `dtype` into a padded (S,) slot, then all-gather (async)."""
         with label(f"fsdp:all_gather:{name}"):
             piece = piece.detach()
-            if piece.numel() == layout.slot and piece.dtype == dtype and piece.is_contiguous():
-                send = piece  # a full-length fp32 piece goes out as it is: no copy
+            if piece.numel() == layout.slot:  # no padding: sent as it is (fp32) or one cast
+                send = piece.to(dtype).contiguous()
             else:
                 send = fill_slot(torch.empty(layout.slot, dtype=dtype, device=piece.device), piece)
             out = torch.empty(layout.padded, dtype=dtype, device=piece.device)  # (N*S,)
@@ -90,7 +90,8 @@ class ReduceScatter:
             N = layout.world_size
             send = torch.empty(layout.padded, dtype=grad.dtype, device=grad.device)  # (N*S,)
             torch.div(grad.reshape(-1), N, out=send[:layout.numel])
-            send[layout.numel:].zero_()  # padding: zero on every rank, so its sum is zero
+            if layout.padded > layout.numel:
+                send[layout.numel:].zero_()  # padding: zero on every rank, so its sum is zero
             out = torch.empty(layout.slot, dtype=grad.dtype, device=grad.device)  # (S,)
             if N == 1:
                 out.copy_(send)

@@ -40,11 +40,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from torch.utils._pytree import tree_map
 
 from cs336_systems.distributed.ddp.common import all_reduce_mean_, broadcast_from_rank0
 
-from .comm import Gather, ReduceScatter
+from .comm import Gather, ReduceScatter, label
 from .layers import ShardedLayer, ShardedWeight, check_weights_only_in_layers, find_layers
 
 # Reduce-scatters allowed in flight before the oldest is finished: enough to overlap with the
@@ -173,9 +172,11 @@ class FSDP(nn.Module):
         """Replaces a sharded layer's forward: gathered weight in, the layer's own forward, out."""
         use = self._begin_use(layer)
         try:
-            if self.compute_dtype is not None:
-                args, kwargs = tree_map(self._cast_input, (args, kwargs))
-            return original_forward(*args, **kwargs)
+            if self.compute_dtype is not None:  # top-level floating tensors (x, not lists of x)
+                args = tuple(self._cast_input(a) for a in args)
+                kwargs = {k: self._cast_input(v) for k, v in kwargs.items()}
+            with label(f"fsdp:layer:{layer.name}"):
+                return original_forward(*args, **kwargs)
         finally:
             self._end_use(use)
 

@@ -69,7 +69,8 @@ def fill_slot(slot: torch.Tensor, piece: torch.Tensor) -> torch.Tensor:
     """Write a rank's piece into its (S,) slot of a communication buffer, zeroing the padding."""
     n = piece.numel()
     slot[:n].copy_(piece)  # casts to the slot's dtype (compute_dtype) on the way
-    slot[n:].zero_()
+    if n < slot.numel():
+        slot[n:].zero_()
     return slot
 
 

@@ -1,0 +1,284 @@
+"""fsdp_accounting: step time and peak memory per GPU of every data-parallel variant, side by side
+in one run (one process group, the same model and batch), and a profiled FSDP step.
+
+    python -m cs336_systems.bench fsdp --device cuda --world-size 2      # xl, 2 GPUs, NCCL
+    python -m cs336_systems.bench fsdp --device cpu --size tiny          # the same path on gloo
+    torchrun --nproc-per-node 2 -m cs336_systems.distributed.fsdp_bench --device cuda
+
+Variants (all torch.optim.AdamW, lr 1e-4, weight decay 0.01, fp32 master weights):
+    ddp          our DDPBucketed (25 MB buckets), fp32                    nothing sharded
+    sharded      DDPBucketed + the course's ShardedOptimizer               optimizer state / N
+    zero1        our ZeRO1Optimizer on the bare module                     optimizer state / N
+    fsdp         our FSDP, fp32 compute                                    everything / N
+    fsdp-bf16    our FSDP, compute_dtype bf16 (gathers and reduce-scatters in bf16)
+    fsdp2        torch's fully_shard on every block, then the root, fp32
+    fsdp2-bf16   fully_shard with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16):
+                 the same precision as fsdp-bf16, which reduce-scatters in its compute dtype
+
+Rows (results/fsdp/steps/<device>.jsonl), one per variant: step time (the slowest rank's, per
+step; median, mean, std, min over the timed steps after warm-up, each step CUDA-synchronised),
+peak memory allocated per GPU during the timed steps (max over ranks, and each rank's), memory
+after building, and the expected per-rank bytes of weights + gradients + AdamW state from the
+shard arithmetic (sharding/accounting.py) beside the measured ones.
+--trace-dir DIR: rank 0 also profiles one more step of each --trace-variants variant, writes the
+chrome trace to DIR/fsdp_<variant>.json.gz, and a row to results/fsdp/trace/<device>.jsonl with
+compute/communication intervals (step_trace.timeline) and, for our FSDP, per layer when its
+all-gather ran against when the layer computed (fsdp/timeline.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cs336_systems.bench.store import ResultStore
+from cs336_systems.bench.timing import synchronize, time_steps
+from cs336_systems.distributed import step_trace
+from cs336_systems.distributed.ddp_bench import _slowest
+from cs336_systems.distributed.fsdp.timeline import layer_timeline
+from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.model import ModelConfig, TransformerLM, count_parameters, cross_entropy, get_config
+from cs336_systems.sharding.accounting import memory_per_rank
+
+BENCH, TRACE_BENCH = "fsdp/steps", "fsdp/trace"
+VARIANTS = ["ddp", "sharded", "zero1", "fsdp", "fsdp-bf16", "fsdp2", "fsdp2-bf16"]
+KEY = ["variant", "size", "backend", "device_type", "world_size", "batch_size", "context_length"]
+GLOBAL_BATCH = 4   # the DDP chapter's: 4 sequences per step, split over the ranks
+ADAMW = dict(lr=1e-4, weight_decay=0.01)
+# Which accounting stage each variant's persistent state follows (all fp32 weights/grads/AdamW).
+STAGE = {"ddp": "ddp", "sharded": "sharded", "zero1": "zero1", "fsdp": "zero3",
+         "fsdp-bf16": "zero3", "fsdp2": "zero3", "fsdp2-bf16": "zero3"}
+GIB = 2**30
+
+
+# --8<-- [start:build]
+def build(variant: str, cfg: ModelConfig, worker: Worker, bucket_size_mb: float):
+    """(the module to call, its optimizer, what to call after backward or None)."""
+    from cs336_systems.distributed.ddp import DDPBucketed
+    from cs336_systems.distributed.fsdp import FSDP
+    from cs336_systems.sharding import ShardedOptimizer, ZeRO1Optimizer
+
+    torch.manual_seed(0)
+    module = TransformerLM.from_config(cfg, device=worker.device)
+    if variant in ("ddp", "sharded"):
+        model = DDPBucketed(module, bucket_size_mb=bucket_size_mb)
+        optimizer = (torch.optim.AdamW(model.parameters(), **ADAMW) if variant == "ddp" else
+                     ShardedOptimizer(model.parameters(), torch.optim.AdamW, **ADAMW))
+        return model, optimizer, model.finish_gradient_synchronization
+    if variant == "zero1":
+        return module, ZeRO1Optimizer(module.parameters(), torch.optim.AdamW, **ADAMW), None
+    bf16 = variant.endswith("-bf16")
+    if variant.startswith("fsdp2"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(worker.device.type, (worker.world_size,))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
+            if bf16 else MixedPrecisionPolicy()
+        for block in module.layers:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(module, mesh=mesh, mp_policy=policy)  # the root: embedding, final norm, head
+        return module, torch.optim.AdamW(module.parameters(), **ADAMW), None
+    model = FSDP(module, compute_dtype=torch.bfloat16 if bf16 else None)
+    return model, torch.optim.AdamW(model.parameters(), **ADAMW), model.finish_gradient_synchronization
+# --8<-- [end:build]
+
+
+class Run:
+    """One variant built on this rank, with its shard of the batch."""
+
+    def __init__(self, worker: Worker, variant: str, cfg: ModelConfig, args: argparse.Namespace):
+        self.worker, self.variant = worker, variant
+        self.model, self.optimizer, self.finish = build(variant, cfg, worker, args.bucket_size_mb)
+        per_rank = args.batch_size // worker.world_size
+        g = torch.Generator().manual_seed(1000 + worker.rank)  # each rank its own sequences
+        tokens = torch.randint(cfg.vocab_size, (per_rank, cfg.context_length + 1), generator=g)
+        self.x, self.y = tokens[:, :-1].to(worker.device), tokens[:, 1:].to(worker.device)
+
+    def step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        with step_trace.phase("forward"):
+            loss = cross_entropy(self.model(self.x).flatten(0, 1), self.y.flatten())
+        with step_trace.phase("backward"):
+            loss.backward()
+        with step_trace.phase("sync"):
+            if self.finish is not None:
+                self.finish()
+        with step_trace.phase("optimizer"):
+            self.optimizer.step()
+
+    def traced_step(self, path: Path) -> dict:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.worker.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            with step_trace.phase("step"):
+                self.step()
+            synchronize(self.worker.device)
+        prof.export_chrome_trace(str(path))  # .json.gz: written compressed
+        # the same origin as step_trace.timeline's: the start of the step's range on the host
+        t0_ms = min(e.time_range.start for e in prof.events() if e.name == "ddp:step"
+                    and e.device_type == torch.autograd.DeviceType.CPU) / 1e3
+        return {**step_trace.timeline(prof), **layer_timeline(prof, t0_ms), "trace_file": path.name}
+
+
+def _memory(device: torch.device, what: str) -> float | None:
+    if device.type != "cuda":
+        return None
+    return getattr(torch.cuda, what)(device) / GIB
+
+
+def measure(worker: Worker, variant: str, cfg: ModelConfig, args: argparse.Namespace) -> dict:
+    """Build, warm up, time `steps` steps; peak memory of the timed steps. Every rank returns it."""
+    dev = worker.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    run = Run(worker, variant, cfg, args)
+    after_init = _memory(dev, "memory_allocated")
+    for _ in range(args.warmup):  # the first step also creates AdamW's state
+        run.step()
+    synchronize(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    dist.barrier()
+    times = time_steps(run.step, warmup=0, steps=args.steps, device=dev).times
+    peak = [_memory(dev, "max_memory_allocated"), _memory(dev, "max_memory_reserved"), after_init]
+    steps = _slowest(worker, list(times))
+    per_rank: list[Any] = [None] * worker.world_size
+    dist.all_gather_object(per_rank, peak)
+    trace = None
+    if args.trace_dir and variant in args.trace_variants:
+        path = Path(args.trace_dir) / f"fsdp_{variant}.json.gz"
+        trace = run.traced_step(path) if worker.rank == 0 else None
+        if worker.rank != 0:
+            run.step()  # the other ranks take part in the profiled step's collectives
+    del run
+    gc.collect()  # the wrappers' hooks form reference cycles: free the model before the next one
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"steps": steps, "per_rank": per_rank, "trace": trace}
+
+
+def row(variant: str, cfg: ModelConfig, args: argparse.Namespace, world: int, got: dict) -> dict:
+    n_params = count_parameters(cfg)["total"]
+    expected = memory_per_rank(n_params, world, STAGE[variant])
+    ms = [t * 1e3 for t in got["steps"]]
+    peaks = [p[0] for p in got["per_rank"]]
+    on_gpu = peaks[0] is not None
+    bf16 = variant.endswith("-bf16")
+    return {
+        "compute_dtype": "bf16" if bf16 else "fp32", "reduce_dtype": "bf16" if bf16 else "fp32",
+        "step_ms": statistics.median(ms), "step_ms_mean": statistics.fmean(ms),
+        "step_ms_std": statistics.stdev(ms) if len(ms) > 1 else 0.0, "step_ms_min": min(ms),
+        "peak_allocated_gib": max(peaks) if on_gpu else None,
+        "peak_allocated_gib_per_rank": peaks if on_gpu else None,
+        "peak_reserved_gib": max(p[1] for p in got["per_rank"]) if on_gpu else None,
+        "after_init_gib": max(p[2] for p in got["per_rank"]) if on_gpu else None,
+        "expected_state_gib": expected.total / GIB,  # weights + grads + AdamW, per rank
+        "expected_state_gib_parts": {k: v / GIB for k, v in expected.as_dict().items()
+                                     if k in ("params", "grads", "optimizer_state")},
+        "n_params": n_params, "warmup": args.warmup, "timed_steps": len(ms),
+        "bucket_size_mb": args.bucket_size_mb if variant in ("ddp", "sharded") else None,
+        "threads_per_rank": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def run_all(worker: Worker, args: argparse.Namespace) -> None:
+    """Every variant in this one process group, in turn; rank 0 writes each row as it finishes."""
+    cfg = get_config(args.size, args.context_length)
+    base = {"size": args.size, "backend": worker.backend, "device_type": worker.device.type,
+            "world_size": worker.world_size, "batch_size": args.batch_size,
+            "context_length": cfg.context_length}
+    device = "cpu" if worker.device.type == "cpu" else None  # None: the store names the GPU
+    stores = None
+    if worker.rank == 0:
+        stores = (ResultStore(BENCH, KEY, device=device, root=args.results_dir),
+                  ResultStore(TRACE_BENCH, KEY, device=device, root=args.results_dir))
+    todo = [[v for v in args.variants if not stores[0].has({**base, "variant": v})]
+            if stores else None]
+    dist.broadcast_object_list(todo, src=0)  # every rank runs the same variants, in order
+    for variant in todo[0]:
+        config = {**base, "variant": variant}
+        try:
+            got, status = measure(worker, variant, cfg, args), "ok"
+        except torch.cuda.OutOfMemoryError:
+            got, status = None, "oom"
+            gc.collect()
+            torch.cuda.empty_cache()
+        if stores is None:
+            continue
+        if got is None:
+            stores[0].append(config, status=status)
+            print(f"[{BENCH}] {variant}: out of memory", file=sys.stderr, flush=True)
+            continue
+        r = stores[0].append(config, row(variant, cfg, args, worker.world_size, got))
+        if got["trace"] is not None:
+            stores[1].append(config, got["trace"])
+        peak = f", peak {r['peak_allocated_gib']:.2f} GiB/GPU" if r["peak_allocated_gib"] else ""
+        print(f"[{BENCH}] {variant}: {r['step_ms']:.1f} ms/step{peak} (expected state "
+              f"{r['expected_state_gib']:.2f} GiB)", file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fsdp", description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--size", default=None, help="model preset (default: xl on cuda, tiny on cpu)")
+    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (torchrun: its own)")
+    p.add_argument("--batch-size", type=int, default=GLOBAL_BATCH,
+                   help="global batch in sequences, split over the ranks (the DDP chapter's: 4)")
+    p.add_argument("--context-length", type=int, default=None, help="default: the preset's")
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    p.add_argument("--bucket-size-mb", type=float, default=25.0, help="DDP's bucket cap")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    p.add_argument("--trace-dir", default=None,
+                   help="also profile one step per --trace-variants variant; chrome traces here")
+    p.add_argument("--trace-variants", nargs="+", default=["fsdp", "fsdp-bf16"], choices=VARIANTS)
+    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.size = args.size or ("xl" if args.device == "cuda" else "tiny")
+    try:
+        get_config(args.size, args.context_length)
+    except ValueError as exc:
+        parser.error(f"--size/--context-length: {exc}")
+    world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
+    if world < 2:
+        parser.error(f"--world-size: data parallelism needs at least 2 ranks, got {world}")
+    if args.device == "cuda" and not in_torchrun() and torch.cuda.device_count() < world:
+        parser.error(f"--device cuda: {world} ranks need {world} GPUs, "
+                     f"{torch.cuda.device_count()} visible")
+    if args.batch_size < world or args.batch_size % world:
+        parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
+    if args.warmup < 1 or args.steps < 1:
+        parser.error("--warmup and --steps must be >= 1 (the first step builds AdamW's state)")
+    if args.bucket_size_mb <= 0:
+        parser.error("--bucket-size-mb must be positive")
+    if args.trace_dir is not None:
+        if Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
+            parser.error(f"--trace-dir {args.trace_dir} exists and is not a directory")
+        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if in_torchrun():
+        run_from_env(run_all, args, backend=backend, device=args.device, timeout_s=args.timeout_s)
+    else:
+        spawn(run_all, world, args, backend=backend, device=args.device, timeout_s=args.timeout_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
