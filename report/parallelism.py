@@ -1,0 +1,250 @@
+"""The "Choosing a parallelism" chapter: each problem's values, the bounds table and figures, facts.
+
+Nothing here is a sentence, and nothing is measured by this chapter: the formulas are the package's
+(cs336_systems/parallelism/costs.py, answers.py), evaluated for the 2026 leaderboard model's FFN on
+H200-class numbers. The one measured input is the "reachable" device: the bf16 matmul ceiling
+(results/ceilings) and NCCL's all-reduce bus bandwidth on two H200s (results/collectives) in place
+of the datasheet's C and W.
+
+    ```python exec="on"
+    import report.parallelism
+    print(report.parallelism.bounds_table())
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from cs336_systems.parallelism import answers, costs
+from cs336_systems.parallelism.hardware import H200_INFINIBAND, H200_NVLINK, Device
+from report import collectives, reproducing
+from report.figures import new_figure
+from report.profiling import register
+from report.results import markdown_table
+
+N_NODE = 8          # GPUs in one NVLink-switched HGX H200 node: the N the per-problem tables use
+S_EXAMPLE = 1e9     # bytes of the all-reduce the alternate ring is timed on
+
+
+def reachable_device() -> Device:
+    """An H200 at what we measured: the bf16 matmul ceiling as C, NCCL's 1 GB all-reduce bus
+    bandwidth on 2 H200s as W (the ring's bytes per rank over time: the W of the handout's model)."""
+    busbw = collectives.cell(collectives.GPU, "nccl+cuda", 2, collectives.GB_MB)["busbw_gbps"]
+    return Device("H200, measured", flops=reproducing.matmul_ceiling_tflops("bf16") * 1e12,
+                  egress_bandwidth=float(busbw) * 1e9, memory_bytes=H200_NVLINK.memory_bytes,
+                  source="results/ceilings (bf16 matmul, n = 8192); results/collectives/all_reduce "
+                         "(NCCL, 2 ranks, 1 GB, bus bandwidth)")
+
+
+def settings() -> dict[str, answers.Setting]:
+    """The leaderboard FFN on three devices: datasheet NVLink, measured NVLink, InfiniBand."""
+    return {"H200 NVLink, datasheet": answers.leaderboard_setting(H200_NVLINK),
+            "H200 NVLink, measured": answers.leaderboard_setting(reachable_device()),
+            "H200 InfiniBand, datasheet": answers.leaderboard_setting(H200_INFINIBAND)}
+
+
+SETTING = answers.leaderboard_setting()  # datasheet NVLink: the setting every answer quotes
+
+
+# -- one table per problem: its parts' values at N = N_NODE ------------------------------------
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _tflop(flops: float) -> str:
+    return f"{flops / 1e12:.2f} TFLOP"
+
+
+def setting_table() -> str:
+    s = SETTING
+    rows = [("B (tokens: batch 2 x context 32,768)", f"{s.B:,.0f}"), ("D (d_model)", f"{s.D:,.0f}"),
+            ("D_FF (d_ff)", f"{s.F:,.0f}"), ("C (dense bf16)", f"{s.C / 1e12:,.0f} TFLOP/s"),
+            ("W (NVLink, one direction)", f"{s.W / 1e9:,.0f} GB/s"), ("C / W", f"{s.C / s.W:,.0f} FLOP/byte")]
+    return markdown_table(pd.DataFrame(rows, columns=["symbol", "value"]))
+
+
+def alternate_table(Ns=(2, 4, 8, 16)) -> str:
+    rows = []
+    for N in Ns:
+        a = answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)
+        rows.append({"N": N, "alternate ring": _ms(a["time"]["value"]),
+                     "ring all-reduce": _ms(a["ring_all_reduce"]["value"]),
+                     "ratio (N / 2)": a["slowdown"]["value"]})
+    return markdown_table(pd.DataFrame(rows))
+
+
+def _compute_and_comm(strategy: str, pass_: str, N: int) -> tuple[float, float]:
+    s = SETTING
+    compute = costs.ffn_flops(s.B, s.D, s.F, N, pass_) / s.C
+    comm = {"DP": lambda: costs.dp_comm_time(s.D, s.F, N, s.W) if pass_ == "backward" else 0.0,
+            "FSDP": lambda: costs.fsdp_comm_time(s.D, s.F, N, s.W, pass_),
+            "TP": lambda: costs.tp_comm_time(s.B, s.D, N, s.W)}[strategy]()
+    return compute, comm
+
+
+def per_pass_table(strategy: str, N: int = N_NODE) -> str:
+    """FLOPs, compute and communication time per device, each pass, at N devices."""
+    rows = []
+    for pass_ in ("forward", "backward"):
+        compute, comm = _compute_and_comm(strategy, pass_, N)
+        rows.append({"pass": pass_, "FLOPs per device": _tflop(compute * SETTING.C),
+                     "compute": _ms(compute), "communication": _ms(comm),
+                     "communication-bound": comm > compute})
+    return markdown_table(pd.DataFrame(rows))
+
+
+def integer_split(overlap: bool, s: answers.Setting = SETTING) -> tuple[int, int]:
+    """(N_FSDP, N_TP), whole devices, with the most devices N_FSDP N_TP whose forward stays
+    compute-bound (the real-valued optimum is costs.fsdp_tp_split); ties go to less TP."""
+    f_max, t_max = costs.fsdp_tp_split(s.B, s.F, s.C, s.W, overlap)
+    best = (1, 1)
+    for t in range(1, math.floor(max(f_max, t_max) * 2) + 1):
+        for f in range(1, math.floor(max(f_max, t_max) * 2) + 1):
+            t_f, t_t = costs.fsdp_tp_comm_times(s.B, s.D, s.F, f, t, s.W)
+            comm = max(t_f, t_t) if overlap else t_f + t_t
+            if comm <= costs.ffn_flops(s.B, s.D, s.F, f * t) / s.C and f * t > best[0] * best[1]:
+                best = (f, t)
+    return best
+
+
+def fsdp_tp_table(splits=((8, 1), (4, 2), (2, 4), (1, 8))) -> str:
+    """The forward at N = 8 split every way: each axis's collective time against the compute."""
+    s, rows = SETTING, []
+    for f, t in splits:
+        t_f, t_t = costs.fsdp_tp_comm_times(s.B, s.D, s.F, f, t, s.W)
+        rows.append({"N_FSDP x N_TP": f"{f} x {t}", "compute": _ms(costs.ffn_flops(s.B, s.D, s.F, f * t) / s.C),
+                     "FSDP axis": _ms(t_f), "TP axis": _ms(t_t), "overlapped (max)": _ms(max(t_f, t_t)),
+                     "not overlapped (sum)": _ms(t_f + t_t)})
+    return markdown_table(pd.DataFrame(rows))
+
+
+def tp_prediction_table(tokens=(4096, 16384, 65536), N: int = 2) -> str:
+    """What the formula predicts for the tp-ffn benchmark's cells on 2 H200s, per rank and per
+    mode: the matmuls (6 B D D_FF / N forward, 18 forward-backward) and the all-reduces (one per
+    pass), at the datasheet's and at the measured C and W. The all-reduce cannot hide behind the
+    matmul that produces its input, so a TP step should take about their sum."""
+    s, rows = SETTING, []
+    for name, dev in (("datasheet", H200_NVLINK), ("measured", reachable_device())):
+        for B in tokens:
+            for mode, flops, passes in (("forward", 6, 1), ("forward-backward", 18, 2)):
+                compute = flops * B * s.D * s.F / N / dev.flops
+                comm = passes * costs.tp_comm_time(B, s.D, N, dev.egress_bandwidth)
+                rows.append({"C, W": name, "tokens": f"{B:,}", "mode": mode, "tp_compute": _ms(compute),
+                             "all_reduce": _ms(comm), "tp (sum)": _ms(compute + comm)})
+    return markdown_table(pd.DataFrame(rows))
+
+
+# -- the bounds: table and figures -----------------------------------------------------------
+
+def bounds() -> pd.DataFrame:
+    """Largest N before communication outlasts compute, one column per device setting."""
+    frames = [answers.communication_bound_devices(s).assign(setting=name) for name, s in settings().items()]
+    df = pd.concat(frames)
+    df["row"] = df["strategy"] + ", " + df["pass"]
+    return df.pivot_table(index=["row", "formula"], columns="setting", values="max_devices",
+                          sort=False).reset_index()
+
+
+def bounds_table() -> str:
+    df = bounds().rename(columns={"row": "strategy, pass"})
+    return markdown_table(df, floatfmt=".1f", formats={"formula": lambda f: f"`{f}`"})
+
+
+def bounds_figure():
+    """Horizontal bars, log scale: the largest N per strategy and pass, per device setting."""
+    df = bounds()
+    names = list(settings())
+    fig, ax = new_figure(7.5, 4.8)
+    y = np.arange(len(df))
+    h = 0.8 / len(names)
+    for i, name in enumerate(names):
+        bars = ax.barh(y + (i - (len(names) - 1) / 2) * h, df[name], height=h, label=name)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)
+    ax.axvline(N_NODE, color="grey", linestyle=":", linewidth=1, label="one HGX node: 8 GPUs")
+    ax.set_yticks(y, df["row"])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(1, df[names].to_numpy().max() * 3)
+    ax.set_xlabel("largest device count N before communication outlasts compute (log scale)")
+    ax.set_title("The leaderboard model's FFN: B = 65,536 tokens, D = 4,096, D_FF = 11,008", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    return fig
+
+
+def ratio_figure():
+    """Communication over compute time against N on datasheet NVLink: above 1, communication-bound."""
+    df = answers.time_curves(SETTING)
+    df = df[df["N"] > 1]  # one device communicates nothing
+    fig, ax = new_figure(7.0, 3.6)
+    for (strategy, pass_), g in df.groupby(["strategy", "pass"], sort=False):
+        label = {"DP": "DP, backward (the same as FSDP)", "FSDP+TP": "FSDP+TP, forward, best split"}.get(
+            strategy, f"{strategy}, {pass_}")
+        ax.plot(g["N"], g["comm_s"] / g["compute_s"], marker="o", label=label,
+                linestyle="--" if strategy == "DP" else "-", zorder=3 if strategy == "DP" else 2)
+    ax.axhline(1, color="grey", linestyle=":", linewidth=1)
+    ax.text(df["N"].min(), 1.1, "communication-bound above", color="grey", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sorted(df["N"].unique()), [str(n) for n in sorted(df["N"].unique())])
+    ax.set_xlabel("devices N")
+    ax.set_ylabel("communication / compute time")
+    ax.legend(fontsize=8)
+    return fig
+
+
+# -- facts: "{{ parallelism.<name> }}" in docs/parallelism.md --------------------------------------
+
+def bound(strategy: str, pass_: str, setting: str = "H200 NVLink, datasheet") -> float:
+    df = answers.communication_bound_devices(settings()[setting])
+    return float(df[(df.strategy == strategy) & (df["pass"] == pass_)].max_devices.iloc[0])
+
+
+def c_over_w(setting: str) -> float:
+    s = settings()[setting]
+    return s.C / s.W
+
+
+def _alt(N: int, key: str) -> float:
+    return answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)[key]["value"]
+
+
+def _pass(strategy: str, pass_: str, which: int) -> float:
+    return _compute_and_comm(strategy, pass_, N_NODE)[which]
+
+
+_FACTS = {
+    "n_node": lambda: f"{N_NODE}",
+    "c_over_w": lambda: f"{c_over_w('H200 NVLink, datasheet'):,.0f}",
+    "reach_c_tflops": lambda: f"{reproducing.matmul_ceiling_tflops('bf16'):.0f}",
+    "reach_w_gbps": lambda: f"{reachable_device().egress_bandwidth / 1e9:.0f}",
+    "reach_c_over_w": lambda: f"{c_over_w('H200 NVLink, measured'):,.0f}",
+    "alt_ms_8": lambda: f"{_alt(8, 'time') * 1e3:.1f}",
+    "ring_ms_8": lambda: f"{_alt(8, 'ring_all_reduce') * 1e3:.2f}",
+    "dp_bwd_tflop_8": lambda: f"{_pass('DP', 'backward', 0) * SETTING.C / 1e12:.2f}",
+    "dp_bwd_compute_ms_8": lambda: f"{_pass('DP', 'backward', 0) * 1e3:.2f}",
+    "dp_bwd_comm_ms_8": lambda: f"{_pass('DP', 'backward', 1) * 1e3:.2f}",
+    "dp_bound": lambda: f"{bound('DP', 'backward'):.1f}",
+    "fsdp_fwd_comm_ms_8": lambda: f"{_pass('FSDP', 'forward', 1) * 1e3:.2f}",
+    "fsdp_fwd_compute_ms_8": lambda: f"{_pass('FSDP', 'forward', 0) * 1e3:.2f}",
+    "tp_comm_ms_8": lambda: f"{_pass('TP', 'forward', 1) * 1e3:.2f}",
+    "tp_fwd_bound": lambda: f"{bound('TP', 'forward'):.1f}",
+    "tp_bwd_bound": lambda: f"{bound('TP', 'backward'):.1f}",
+    "fsdp_tp_overlap_bound": lambda: f"{bound('FSDP+TP, overlapped', 'forward'):.0f}",
+    "fsdp_tp_serial_bound": lambda: f"{bound('FSDP+TP, not overlapped', 'forward'):.0f}",
+    "serial_over_overlap": lambda: f"{bound('FSDP+TP, not overlapped', 'forward') / bound('FSDP+TP, overlapped', 'forward'):.2f}",
+    "overlap_split": lambda: "{:.1f} x {:.1f}".format(*costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, True)),
+    "serial_split": lambda: "{:.1f} x {:.1f}".format(*costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, False)),
+    "overlap_int": lambda: "{} x {} = {}".format(*integer_split(True), math.prod(integer_split(True))),
+    "serial_int": lambda: "{} x {} = {}".format(*integer_split(False), math.prod(integer_split(False))),
+    "b_over_dff": lambda: f"{SETTING.B / (1.5 * SETTING.F):.1f}",
+    "ib_w_drop": lambda: f"{H200_NVLINK.egress_bandwidth / H200_INFINIBAND.egress_bandwidth:.0f}",
+    "ib_dp_bound": lambda: f"{bound('DP', 'backward', 'H200 InfiniBand, datasheet'):.1f}",
+    "ib_tp_fwd_bound": lambda: f"{bound('TP', 'forward', 'H200 InfiniBand, datasheet'):.1f}",
+    "ib_fsdp_tp_bound": lambda: f"{bound('FSDP+TP, overlapped', 'forward', 'H200 InfiniBand, datasheet'):.1f}",
+}
+register({f"parallelism.{name}": fn for name, fn in _FACTS.items()})
