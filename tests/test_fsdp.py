@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import time
 import weakref
@@ -28,6 +29,7 @@ import weakref
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.distributed.fsdp import FSDP
 from cs336_systems.distributed.launch import Worker, spawn
@@ -76,11 +78,30 @@ def _seeded(factory):
     return make
 
 
+class CheckpointedFFN(nn.Module):
+    """CourseToyLM whose feed-forward is recomputed in backward (torch.utils.checkpoint): the
+    recomputation calls the layers again, outside FSDP.forward, and must gather their weights."""
+
+    def __init__(self, use_reentrant: bool):
+        super().__init__()
+        self.use_reentrant = use_reentrant
+        self.lm = CourseToyLM()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        lm = self.lm
+        x = lm.token_embeddings(ids)
+        x = x + checkpoint(lambda t: lm.ffn(lm.ln1(t)), x, use_reentrant=self.use_reentrant)
+        return lm.lm_head(lm.ln_final(x))
+
+
 # name -> (make(seed), batches, loss)
 MODELS = {name: (_seeded(cls), make_batches(STEPS, BATCH), _mse) for name, cls in TOY_MODELS.items()}
 MODELS["CourseToyLM"] = (_seeded(CourseToyLM), _token_batches(VOCAB), _lm_loss)
 MODELS["CourseToyLMTied"] = (_seeded(lambda: CourseToyLM(tied=True)), _token_batches(VOCAB), _lm_loss)
 MODELS["TinyLayers"] = (_seeded(TinyLayers), make_batches(STEPS, BATCH, in_features=3), _mse)
+for _kind, _reentrant in [("ckpt", False), ("ckpt-reentrant", True)]:
+    MODELS[f"CourseToyLM-{_kind}"] = (_seeded(functools.partial(CheckpointedFFN, _reentrant)),
+                                      _token_batches(VOCAB), _lm_loss)
 MODELS["TransformerLM-tiny"] = (_seeded(lambda: TransformerLM.from_config(TINY_LM)),
                                 _token_batches(TINY_LM.vocab_size), _lm_loss)
 
@@ -88,6 +109,7 @@ CASES = [(m, opt, "fp32") for m in MODELS for opt in OPTIMIZERS]
 CASES += [(m, opt, "bf16") for m in ("ToyModel", "ToyModelWithTiedWeights", "CourseToyLM",
                                      "CourseToyLMTied", "TinyLayers") for opt in OPTIMIZERS]
 CASES += [("CourseToyLM", "adamw", "fp16"), ("ToyModel", "sgd", "fp16"),
+          ("CourseToyLM-ckpt", "adamw", "bf16"),
           ("TransformerLM-tiny", "adamw", "bf16")]
 CASE_IDS = ["-".join(c) for c in CASES]
 
@@ -418,3 +440,4 @@ def test_bad_arguments_are_refused_before_any_communication():
         FSDP(shared)
     with pytest.raises(RuntimeError, match="process group"):
         FSDP(nn.Linear(2, 2))
+

@@ -23,6 +23,10 @@ Prefetch order: the first forward guesses registration order; every forward reco
 in which layers really ran, and the next one prefetches by it. Every rank runs the same graph, so
 every rank issues the same collectives in the same order (the contract of DDP as well).
 
+Activation checkpointing inside the module works: a recomputation in backward calls the layers
+again outside FSDP.forward; each such call gathers its weight on demand and reduce-scatters its own
+gradient (tests/test_fsdp.py trains both kinds of torch.utils.checkpoint).
+
 compute_dtype: the piece is cast before the all-gather (half the bytes under bf16), the layer runs
 in that dtype (its floating inputs and its other own parameters, e.g. a bias, are cast too), the
 gradient is reduce-scattered in that dtype and upcast into the fp32 shard's .grad: fp32 master
