@@ -13,8 +13,14 @@ from torch import nn
 from cs336_systems.distributed.ddp.overlap import DDPOverlapIndividual
 from cs336_systems.distributed.launch import Worker, spawn
 from tests import adapters
-from tests.toy_models import (assert_states_close, make_batches, make_model, shard, state_of,
-                              train_reference)
+from tests.toy_models import (
+    assert_states_close,
+    make_batches,
+    make_model,
+    shard,
+    state_of,
+    train_reference,
+)
 
 STEPS, BATCH = 3, 8
 MODELS = ["ToyModel", "ToyModelWithTiedWeights"]

@@ -304,7 +304,7 @@ def _tolerance(opt_name: str, dtype_name: str, g_max: float) -> float:
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_training_matches_single_process(ranks, case):
-    model_name, opt_name, dtype_name = case
+    _, opt_name, dtype_name = case
     cid = "-".join(case)
     ref = reference(*case)
     expected, g_max = ref["final"], ref["g_max"]
@@ -318,7 +318,7 @@ def test_training_matches_single_process(ranks, case):
             else:
                 torch.testing.assert_close(full[name], want, rtol=0,
                                            atol=_tolerance(opt_name, dtype_name, g_max),
-                                           msg=lambda m, name=name: f"rank {rank} {name}: {m}")
+                                           msg=lambda m, name=name, rank=rank: f"rank {rank} {name}: {m}")
         assert seen["own_parameters"], "the wrapper's parameters() are the module's own"
     for name in expected:  # both ranks gathered the same weights
         assert torch.equal(ranks[0][cid]["full"][name], ranks[1][cid]["full"][name]), name
@@ -331,7 +331,7 @@ def test_first_step_gradients_and_compute_dtype(ranks, case):
     back). Computing in fp32 instead of the compute dtype would miss this by far. The pieces,
     concatenated in rank order, are the whole gradient. The model's output (a sharded layer's)
     comes out in the compute dtype."""
-    model_name, _, dtype_name = case
+    _, _, dtype_name = case
     cid = "-".join(case)
     want = reference(*case)["first_grads"]
     sharded = set(ranks[0][cid]["sharded"])
@@ -360,7 +360,7 @@ def test_gradients_are_the_shards_own(ranks, case):
     trainable = {n for n, p in make(seed=0).named_parameters() if p.requires_grad}
     first = [r[cid]["first"] for r in ranks]
     sharded = set(ranks[0][cid]["sharded"])
-    for name in full_sizes:
+    for name, size in full_sizes.items():
         for seen in first:
             data, grad = seen[name]
             assert data.dtype == torch.float32
@@ -368,16 +368,16 @@ def test_gradients_are_the_shards_own(ranks, case):
                 assert name in trainable
                 assert grad.shape == data.shape and grad.dtype == data.dtype, name
         if name in sharded:
-            assert sum(seen[name][0].numel() for seen in first) == full_sizes[name], name
+            assert sum(seen[name][0].numel() for seen in first) == size, name
         else:
-            assert first[0][name][0].numel() == full_sizes[name], f"{name} is replicated"
+            assert first[0][name][0].numel() == size, f"{name} is replicated"
             g0, g1 = first[0][name][1], first[1][name][1]
             assert (g0 is None) == (g1 is None), name
             assert g0 is None or torch.equal(g0, g1), f"{name}: replicated grads differ"
 
 
 def test_which_weights_are_sharded(ranks):
-    sharded = lambda model: set(ranks[0][f"{model}-sgd-fp32"]["sharded"])  # noqa: E731
+    sharded = lambda model: set(ranks[0][f"{model}-sgd-fp32"]["sharded"])
     assert sharded("CourseToyLM") == {"token_embeddings.weight", "ffn.w1.weight", "ffn.w2.weight",
                                       "ffn.w3.weight", "lm_head.weight"}
     assert sharded("CourseToyLMTied") == {"token_embeddings.weight", "ffn.w1.weight",

@@ -27,7 +27,7 @@ from .shard_layout import FlatShardLayout, fill_slot, unpad
 
 def label(name: str):
     """A profiler range named `name` while torch.profiler records; otherwise nothing."""
-    profiling = torch.autograd.profiler._is_profiler_enabled  # noqa: SLF001 (no public flag)
+    profiling = torch.autograd.profiler._is_profiler_enabled
     return record_function(name) if profiling else nullcontext()
 
 
@@ -41,7 +41,7 @@ class Gather:
 
     @classmethod
     def start(cls, piece: torch.Tensor, layout: FlatShardLayout, dtype: torch.dtype,
-              name: str = "") -> "Gather":
+              name: str = "") -> Gather:
         """Cast this rank's piece to `dtype` into a padded (S,) slot, then all-gather (async)."""
         with label(f"fsdp:all_gather:{name}"):
             piece = piece.detach()
@@ -80,7 +80,7 @@ class ReduceScatter:
 
     @classmethod
     def start(cls, grad: torch.Tensor, layout: FlatShardLayout, rank: int,
-              name: str = "") -> "ReduceScatter":
+              name: str = "") -> ReduceScatter:
         """grad: the full (..., ) gradient of this rank's micro-batch, in the compute dtype.
 
         Divided by N *before* the sum (as all_reduce_mean_ does): under fp16 the sum of N

@@ -48,7 +48,12 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from cs336_systems.distributed.ddp.common import all_reduce_mean_, broadcast_from_rank0
 
 from .comm import Gather, ReduceScatter, label
-from .layers import ShardedLayer, ShardedWeight, check_weights_only_in_layers, find_layers
+from .layers import (
+    ShardedLayer,
+    ShardedWeight,
+    check_weights_only_in_layers,
+    find_layers,
+)
 
 # Reduce-scatters allowed in flight before the oldest is finished: enough to overlap with the
 # next layers' backward, few enough that their (N*S,) send buffers stay a bounded amount of memory.
@@ -60,7 +65,7 @@ class _ForwardPass:
     """What one FSDP.forward records: the order layers ran, the weights autograd saved."""
 
     order: list[int] = field(default_factory=list)         # layer index per use, in call order
-    saved: list["_Use"] = field(default_factory=list)      # uses whose weight backward will need
+    saved: list[_Use] = field(default_factory=list)      # uses whose weight backward will need
     prefetched: dict[int, tuple[int, Gather]] = field(default_factory=dict)  # position -> (layer, gather)
 
 
@@ -96,7 +101,7 @@ class _UseWeight(torch.autograd.Function):
     FSDP (which reduce-scatters it into shard.grad) and returns nothing for the shard itself."""
 
     @staticmethod
-    def forward(ctx, shard: torch.Tensor, use: _Use, owner: "FSDP") -> torch.Tensor:
+    def forward(ctx, shard: torch.Tensor, use: _Use, owner: FSDP) -> torch.Tensor:
         ctx.use, ctx.owner = use, owner
         return use.full
 

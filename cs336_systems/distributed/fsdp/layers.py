@@ -18,12 +18,11 @@ reduce-scattered once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .comm import ReduceScatter
 from .shard_layout import FlatShardLayout, take_piece
 
 
@@ -45,11 +44,10 @@ class ShardedWeight:
     shard: nn.Parameter            # (piece_len,) this rank's elements, master dtype
     pending_uses: int = 0          # forward uses whose gradient has not come back yet
     grad_sum: torch.Tensor | None = None   # local full gradient of the uses seen so far
-    reductions: list[ReduceScatter] = field(default_factory=list)
 
     @classmethod
     def from_parameter(cls, name: str, weight: nn.Parameter, rank: int,
-                       world_size: int) -> "ShardedWeight":
+                       world_size: int) -> ShardedWeight:
         layout = FlatShardLayout(weight.numel(), world_size)
         piece = take_piece(weight.detach().reshape(-1), layout, rank)  # (piece_len,)
         return cls(name, weight.shape, layout, nn.Parameter(piece, requires_grad=weight.requires_grad))
