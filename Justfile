@@ -15,13 +15,13 @@ test *ARGS:
     python -m pytest {{ARGS}}
 
 # CPU kernel sets add in different orders (ATEN_CPU_CAPABILITY: default = scalar, avx2, avx512), so a
-# tolerance tuned to one CPU's order fails on another. These files compare floating-point results; the
-# distributed tests are taken by their marker.
+# tolerance tuned to one CPU's order fails on another. These files compare floating-point results, as
+# do the distributed tests (taken by marker) but for the benchmark harnesses' and the launcher's.
 numerics := "tests/test_model.py tests/test_model_attention_impls.py tests/test_flash_attention.py tests/test_weighted_sum.py tests/test_online_softmax.py"
 
 # Run the distributed and numerics tests again under other CPU kernel sets (CI runs it after `just test`)
 test-kernels CAPS="default avx2" *ARGS:
-    for cap in {{CAPS}}; do echo "== ATEN_CPU_CAPABILITY=$cap: distributed"; ATEN_CPU_CAPABILITY=$cap python -m pytest -q -p no:randomly -m distributed {{ARGS}}; echo "== ATEN_CPU_CAPABILITY=$cap: numerics"; ATEN_CPU_CAPABILITY=$cap python -m pytest -q -p no:randomly {{numerics}} {{ARGS}}; done
+    for cap in {{CAPS}}; do echo "== ATEN_CPU_CAPABILITY=$cap: distributed"; ATEN_CPU_CAPABILITY=$cap python -m pytest -q -p no:randomly -m distributed -k "not bench and not test_launch" {{ARGS}}; echo "== ATEN_CPU_CAPABILITY=$cap: numerics"; ATEN_CPU_CAPABILITY=$cap python -m pytest -q -p no:randomly {{numerics}} {{ARGS}}; done
 
 # Run the distributed tests N times in a row, to catch interleaving bugs
 test-dist-repeat N="5":
