@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cs336_systems.bench.registry import BENCHMARKS
+from tests.triton_mode import needs_triton
 
 NO_GPU = not torch.cuda.is_available()
 needs_no_gpu = pytest.mark.skipif(not NO_GPU, reason="the refusal is about a machine without a GPU")
@@ -51,6 +52,12 @@ CASES = [
     ("flash-sweep", ["--max-minutes", "0"], "--max-minutes"),
     ("flash-host", ["--calls", "0"], "--calls"),
     ("flash-host", ["--seq", "0"], "--seq"),
+    ("flash-tune", ["tune", "--workers", "0"], "--workers"),
+    ("flash-ab-dkdv", ["--variant", "no-equals-sign"], "--variant"),
+    ("flash-ab-dkdv", ["--variant", "x=/nonexistent.py"], "--variant"),
+    ("flash-ab-onepass", ["--configs", "64,64"], "--configs"),
+    pytest.param("flash-reduce-probe", ["--tiles", "64,48"], "--tiles", marks=needs_triton),  # imports triton
+    ("flash-onepass-ws", ["--variants", "128,2,2"], "--variants"),
     ("ceilings", ["--size", "huge"], "--size"),
     pytest.param("collectives", ["--backend", "nccl"], "--backend", marks=needs_no_gpu),
     ("collectives", ["--world-sizes", "1"], "--world-sizes"),
@@ -70,6 +77,11 @@ CASES = [
     ("sharding", ["--batch", "0"], "--batch"),
     ("sharding", ["--steps", "0"], "--steps"),
     pytest.param("sharding", ["--device", "cuda"], "--device", marks=needs_no_gpu),
+    ("fsdp", ["--world-size", "0"], "--world-size"),
+    ("fsdp", ["--context-length", "0"], "--context-length"),
+    ("fsdp", ["--batch-size", "-2"], "--batch-size"),
+    ("fsdp", ["--timeout-s", "0"], "--timeout-s"),
+    pytest.param("fsdp", ["--device", "cuda"], "--device", marks=needs_no_gpu),
     ("tp-ffn", ["--world-size", "1"], "--world-size"),
     ("tp-ffn", ["--tokens", "0"], "--tokens"),
 ]

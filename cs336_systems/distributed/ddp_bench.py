@@ -188,13 +188,6 @@ def full_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _slowest(worker: Worker, times: list[float]) -> list[float]:
-    """Per iteration, the slowest rank's time (ranks drift; the step ends when the last one does)."""
-    gathered: list[list[float]] = [None] * worker.world_size  # type: ignore[list-item]
-    dist.all_gather_object(gathered, times)
-    return [max(r[i] for r in gathered) for i in range(len(times))]
-
-
 def summarize(worker: Worker, run: StageRun, step_times: list[float], sync_times: list[float],
               alone: list[float], rounds: int) -> dict[str, Any]:
     steps = _slowest(worker, step_times)

@@ -39,20 +39,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.distributed import step_trace
 from cs336_systems.distributed.ddp_bench import _slowest
 from cs336_systems.distributed.fsdp.timeline import layer_timeline
 from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
-from cs336_systems.model import ModelConfig, TransformerLM, count_parameters, cross_entropy, get_config
+from cs336_systems.model import (
+    ModelConfig,
+    TransformerLM,
+    count_parameters,
+    cross_entropy,
+    get_config,
+)
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 from cs336_systems.sharding.accounting import memory_per_rank
 
 BENCH, TRACE_BENCH = "fsdp/steps", "fsdp/trace"
 VARIANTS = ["ddp", "sharded", "zero1", "fsdp", "fsdp-bf16", "fsdp2", "fsdp2-bf16"]
 KEY = ["variant", "size", "backend", "device_type", "world_size", "batch_size", "context_length"]
 GLOBAL_BATCH = 4   # the DDP chapter's: 4 sequences per step, split over the ranks
-ADAMW = dict(lr=1e-4, weight_decay=0.01)
+ADAMW = {"lr": 1e-4, "weight_decay": 0.01}
 # Which accounting stage each variant's persistent state follows (all fp32 weights/grads/AdamW).
 STAGE = {"ddp": "ddp", "sharded": "sharded", "zero1": "zero1", "fsdp": "zero3",
          "fsdp-bf16": "zero3", "fsdp2": "zero3", "fsdp2-bf16": "zero3"}
@@ -228,22 +236,25 @@ def run_all(worker: Worker, args: argparse.Namespace) -> None:
               f"{r['expected_state_gib']:.2f} GiB)", file=sys.stderr, flush=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fsdp", description=__doc__.split("\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog="fsdp", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--size", default=None, help="model preset (default: xl on cuda, tiny on cpu)")
-    p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (torchrun: its own)")
-    p.add_argument("--batch-size", type=int, default=GLOBAL_BATCH,
+    p.add_argument("--size", default=None, choices=[*PRESETS, *PRESETS_EXTRA],
+                   help="model preset (default: xl on cuda, tiny on cpu)")
+    p.add_argument("--world-size", type=at_least(2), default=2,
+                   help="ranks to spawn, >= 2 for data parallelism (torchrun: its own)")
+    p.add_argument("--batch-size", type=at_least(1), default=GLOBAL_BATCH,
                    help="global batch in sequences, split over the ranks (the DDP chapter's: 4)")
-    p.add_argument("--context-length", type=int, default=None, help="default: the preset's")
+    p.add_argument("--context-length", type=at_least(1), default=None, help="default: the preset's")
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    p.add_argument("--bucket-size-mb", type=float, default=25.0, help="DDP's bucket cap")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    p.add_argument("--bucket-size-mb", type=positive(float), default=25.0, help="DDP's bucket cap")
+    p.add_argument("--warmup", type=at_least(1), default=3,
+                   help="untimed steps per variant, >= 1 (the first step builds AdamW's state)")
+    p.add_argument("--steps", type=at_least(1), default=10, help="timed steps per variant")
     p.add_argument("--trace-dir", default=None,
                    help="also profile one step per --trace-variants variant; chrome traces here")
     p.add_argument("--trace-variants", nargs="+", default=["fsdp", "fsdp-bf16"], choices=VARIANTS)
-    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--timeout-s", type=positive(float), default=900.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
     return p
 
@@ -251,26 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.size = args.size or ("xl" if args.device == "cuda" else "tiny")
-    try:
-        get_config(args.size, args.context_length)
-    except ValueError as exc:
-        parser.error(f"--size/--context-length: {exc}")
+    if args.size is None:
+        args.size = "xl" if args.device == "cuda" else "tiny"
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
     if world < 2:
         parser.error(f"--world-size: data parallelism needs at least 2 ranks, got {world}")
-    if args.device == "cuda" and not in_torchrun() and torch.cuda.device_count() < world:
-        parser.error(f"--device cuda: {world} ranks need {world} GPUs, "
-                     f"{torch.cuda.device_count()} visible")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if in_torchrun() else world
+    check_cuda(parser, args.device, gpus=local)
     if args.batch_size < world or args.batch_size % world:
         parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
-    if args.warmup < 1 or args.steps < 1:
-        parser.error("--warmup and --steps must be >= 1 (the first step builds AdamW's state)")
-    if args.bucket_size_mb <= 0:
-        parser.error("--bucket-size-mb must be positive")
+    if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
+        parser.error(f"--trace-dir {args.trace_dir} exists and is not a directory")
+    device = "cpu" if args.device == "cpu" else None  # the paths rank 0 opens, checked before it starts
+    open_store(parser, BENCH, KEY, device=device, root=args.results_dir)
+    open_store(parser, TRACE_BENCH, KEY, device=device, root=args.results_dir)
     if args.trace_dir is not None:
-        if Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
-            parser.error(f"--trace-dir {args.trace_dir} exists and is not a directory")
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     backend = "nccl" if args.device == "cuda" else "gloo"
     if in_torchrun():
