@@ -219,8 +219,9 @@ def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def assert_states_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
-                        *, rtol: float = 1e-5, atol: float = 1e-6, context: str = "") -> None:
-    """Same keys, every tensor close; the message names the first tensor that differs."""
+                        *, rtol: float = 0.0, atol: float = 0.0, context: str = "") -> None:
+    """Same keys, every tensor equal (or within a tolerance the caller derives: none is a sensible
+    default, see tests/tolerances.py); the message names the first tensor that differs."""
     assert actual.keys() == expected.keys(), f"{context}: keys differ: {actual.keys() ^ expected.keys()}"
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=rtol, atol=atol,
