@@ -116,23 +116,29 @@ CASE_IDS = ["-".join(c) for c in CASES]
 
 # -- what the ranks run ----------------------------------------------------------------------------
 
+def _cpu(tensors: dict) -> dict:
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+
+
 def _train(worker: Worker, model_name: str, opt_name: str, dtype_name: str) -> dict:
     make, batches, loss_fn = MODELS[model_name]
-    fsdp = adapters.get_fsdp(make(seed=100 + worker.rank), compute_dtype=DTYPES[dtype_name])
+    device = worker.device  # cpu under gloo, this rank's GPU under nccl (tests/test_fsdp_gpu.py)
+    fsdp = adapters.get_fsdp(make(seed=100 + worker.rank).to(device),
+                             compute_dtype=DTYPES[dtype_name])
     optimizer = OPTIMIZERS[opt_name]([p for p in fsdp.parameters() if p.requires_grad])
     first_grads, out_dtype = {}, None
     for step, (x, y) in enumerate(batches):
         optimizer.zero_grad(set_to_none=True)
-        x, y = shard((x, y), worker.rank, worker.world_size)
+        x, y = shard((x.to(device), y.to(device)), worker.rank, worker.world_size)
         out = fsdp(x)
         out_dtype = out.dtype
         loss_fn(out, y).backward()
         adapters.fsdp_on_after_backward(fsdp_model=fsdp, optimizer=optimizer)
         if step == 0:
-            first_grads = {n: (p.detach().clone(), None if p.grad is None else p.grad.clone())
+            first_grads = {n: (p.detach().cpu(), None if p.grad is None else p.grad.cpu())
                            for n, p in fsdp.module.named_parameters()}
         optimizer.step()
-    return {"full": adapters.fsdp_gather_full_params(fsdp), "first": first_grads,
+    return {"full": _cpu(adapters.fsdp_gather_full_params(fsdp)), "first": first_grads,
             "out_dtype": out_dtype,
             "sharded": fsdp.sharded_parameter_names(),
             "own_parameters": [id(p) for p in fsdp.parameters()] == [
@@ -247,22 +253,23 @@ def _rank_gradients(master: nn.Module, x, y, loss_fn, dtype) -> tuple[dict, set[
     return {n: p.grad for n, p in work.named_parameters()}, low
 
 
-def reference(model_name: str, opt_name: str, dtype_name: str) -> dict:
+def reference(model_name: str, opt_name: str, dtype_name: str, device: str = "cpu") -> dict:
     """Per-half gradients averaged, then the same optimizer on fp32 weights. Returns the final
     parameters by name ("final"), the first step's averaged gradients ("first_grads") and the
-    largest |gradient| seen ("g_max")."""
+    largest |gradient| seen ("g_max"), on the CPU."""
     with _threads(THREADS):
-        return _reference(model_name, opt_name, dtype_name)
+        return _reference(model_name, opt_name, dtype_name, torch.device(device))
 
 
-def _reference(model_name: str, opt_name: str, dtype_name: str):
+def _reference(model_name: str, opt_name: str, dtype_name: str, device: torch.device):
     make, batches, loss_fn = MODELS[model_name]
     dtype = DTYPES[dtype_name]
-    master = make(seed=100)
+    master = make(seed=100).to(device)
     params = dict(master.named_parameters())
     optimizer = OPTIMIZERS[opt_name]([p for p in params.values() if p.requires_grad])
     g_max, first_grads = 0.0, None
     for x, y in batches:
+        x, y = x.to(device), y.to(device)
         per_rank = [_rank_gradients(master, *shard((x, y), r, WORLD_SIZE), loss_fn, dtype)
                     for r in range(WORLD_SIZE)]
         low = per_rank[0][1]
@@ -276,9 +283,9 @@ def _reference(model_name: str, opt_name: str, dtype_name: str):
             p.grad = (sum(grads[1:], grads[0]) / len(grads)).float()
             g_max = max(g_max, p.grad.abs().max().item())
         if first_grads is None:
-            first_grads = {n: None if p.grad is None else p.grad.clone() for n, p in params.items()}
+            first_grads = {n: None if p.grad is None else p.grad.cpu() for n, p in params.items()}
         optimizer.step()
-    return {"final": {n: p.detach() for n, p in params.items()}, "first_grads": first_grads,
+    return {"final": {n: p.detach().cpu() for n, p in params.items()}, "first_grads": first_grads,
             "g_max": g_max}
 
 
