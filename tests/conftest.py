@@ -13,3 +13,28 @@ import torch
 # the CPU (fp32); with a GPU nothing changes and the same tests run the compiled kernels.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# -- one marker per chapter (`pytest -m flash`): tests/chapters.py says which files prove which ----
+def pytest_configure(config):
+    from tests.chapters import CHAPTERS
+
+    for marker, (title, _) in CHAPTERS.items():
+        config.addinivalue_line("markers", f"{marker}: proves the chapter '{title}'")
+
+
+def pytest_collection_modifyitems(config, items):
+    from pathlib import Path
+
+    import pytest
+
+    from tests.chapters import chapters_of
+
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            rel = Path(item.path).relative_to(root).as_posix()
+        except ValueError:
+            continue
+        for marker in chapters_of(rel):
+            item.add_marker(getattr(pytest.mark, marker))
