@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.attention.pytorch_sweep import attention_memory
+from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.model.config import PRESETS
 from report.figures import plt
 from report.profiling import SIZES, newest, ok, pm, register, span, with_source

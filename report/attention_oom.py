@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336_systems.attention.pytorch_sweep import attention_memory
+from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.profiling.attention_oom import DEFAULT
 from report.attention import capacity_gib
 from report.profiling import newest, register, with_source

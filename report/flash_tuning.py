@@ -69,7 +69,7 @@ def tuning_effect_rows() -> list[dict]:
     the fused launch against the best two launches."""
     import torch
 
-    from cs336_systems.attention.configs import heuristic_bwd, heuristic_fwd
+    from cs336_systems.attention.tiles import heuristic_bwd, heuristic_fwd
 
     lb = leaderboard_tuning()
     h_fwd, h_bwd = heuristic_fwd(torch.bfloat16, 64).__dict__, heuristic_bwd(torch.bfloat16, 64).__dict__
@@ -179,7 +179,7 @@ def describe_bwd(b: dict | None) -> str:
 
 
 def tuned_table() -> dict:
-    from cs336_systems.attention.tuned_configs import TUNED
+    from cs336_systems.attention.fast.tuned_configs import TUNED
 
     return TUNED
 

@@ -6,18 +6,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336_systems.attention import ab_dkdv, tune
+from cs336_systems.attention.fast.experiments import ab_dkdv
+from cs336_systems.attention.fast.experiments.harness import load_variant
+from cs336_systems.attention.fast.tuning import problem
 from tests.triton_mode import ON_GPU, pytestmark  # noqa: F401
 
 on_the_cpu_only = pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's variant of the flow; on a GPU "
-                                     "the harness itself is run (python -m cs336_systems.attention.ab_dkdv)")
+                                     "the harness itself is run (just bench flash-ab-dkdv)")
 
 KERNEL = Path(__file__).parents[1] / "cs336_systems" / "attention" / "flash_bwd_kernel.py"
 
 
 @pytest.fixture
 def on_the_interpreter(monkeypatch):
-    monkeypatch.setattr(tune, "DEVICE", "cpu")
+    monkeypatch.setattr(problem, "DEVICE", "cpu")
     monkeypatch.setattr(ab_dkdv, "DTYPE", torch.float32)
     monkeypatch.setattr("cs336_systems.bench.timing.gpu_bench", lambda fn, **kw: 1.0)
 
@@ -28,7 +30,7 @@ def test_times_each_version_and_variant_per_round(tmp_path, on_the_interpreter):
                          "--Z", "1", "--seq", "32", "--d", "16", "--rounds", "2", "--results-dir", str(tmp_path)]) == 0
     rows = [json.loads(line) for line in next(tmp_path.rglob("*.jsonl")).read_text().splitlines()]
     cells = {(r["variant"], r["tma"], r["no_tail"]) for r in rows}
-    kernel = ab_dkdv.load_variant("probe", KERNEL).bwd_dkdv_kernel
+    kernel = load_variant("probe", KERNEL, ab_dkdv.VARIANT_PACKAGE).bwd_dkdv_kernel
     per_version = (2 if "TMA" in kernel.arg_names else 1) * (2 if "NO_TAIL" in kernel.arg_names else 1)
     assert len(cells) == 2 * per_version and len(rows) == 2 * len(cells)
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-4 for r in rows)
@@ -44,15 +46,16 @@ def test_a_wrong_version_is_not_timed(tmp_path, on_the_interpreter):
                       "--d", "16", "--results-dir", str(tmp_path)])
 
 
-def test_bad_arguments_name_the_argument(capsys):
-    with pytest.raises(SystemExit):
-        ab_dkdv.main(["--variant", "no-equals-sign"])
-    with pytest.raises(SystemExit, match="no file"):
-        ab_dkdv.main(["--variant", "x=/nonexistent.py"])
+@pytest.mark.parametrize("argv,message", [(["--variant", "no-equals-sign"], "--variant: expected NAME=PATH"),
+                                          (["--variant", "x=/nonexistent.py"], "--variant x: no file")])
+def test_bad_arguments_name_the_argument(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ab_dkdv.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_host_overhead_refuses_bad_arguments():
-    from cs336_systems.attention import host_overhead
+    from cs336_systems.attention.benchmarks import host_overhead
 
     with pytest.raises(SystemExit):
         host_overhead.main(["--calls", "0"])

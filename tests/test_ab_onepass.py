@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.attention import ab_onepass
-from cs336_systems.attention.configs import BwdConfig
-from cs336_systems.attention.flash_launch import launch_bwd_onepass, launch_fwd, launch_preprocess
+from cs336_systems.attention.fast.experiments import ab_onepass
+from cs336_systems.attention.fast.launch import launch_bwd_onepass
+from cs336_systems.attention.flash_launch import launch_fwd, launch_preprocess
 from cs336_systems.attention.reference import attention_reference
+from cs336_systems.attention.tiles import BwdConfig
 from tests.triton_mode import DEVICE, ON_GPU, pytestmark  # noqa: F401
 
 
@@ -34,7 +35,7 @@ def test_ablations_on_the_interpreter(tmp_path):
     o64.backward(do.double())
     o, L = launch_fwd(q, k, v, True)
     delta = launch_preprocess(o, do)
-    c = BwdConfig(16, 16, 16, 16, 1, 1, 1, 1, one_pass=True)
+    c = BwdConfig(16, 16, 16, 16, 1, 1, 1, 1)  # the one-pass kernel reads the *1 tiles
     for name, mod in ab_onepass.load_variants(list(ab_onepass.VARIANTS), tmp_path).items():
         dq, dk, dv = launch_bwd_onepass(q, k, v, do, L, delta, True, c, kernel=mod.bwd_onepass_kernel)
         torch.testing.assert_close(dk.double(), k64.grad, rtol=1e-4, atol=1e-4, msg=f"{name}: dK")
@@ -49,9 +50,9 @@ def test_ablations_on_the_interpreter(tmp_path):
 def test_main_times_each_version_per_round(tmp_path, monkeypatch):
     import json
 
-    from cs336_systems.attention import tune
+    from cs336_systems.attention.fast.tuning import problem
 
-    monkeypatch.setattr(tune, "DEVICE", "cpu")
+    monkeypatch.setattr(problem, "DEVICE", "cpu")
     monkeypatch.setattr(ab_onepass, "DTYPE", torch.float32)
     monkeypatch.setattr("cs336_systems.bench.timing.gpu_bench", lambda fn, **kw: 1.0)
     assert ab_onepass.main(["--configs", "16,16,1,1", "--Z", "1", "--seq", "32", "--d", "16", "--rounds", "2",

@@ -140,7 +140,7 @@ def test_warmup_stats_read_windows_off_one_trace():
      ["profiling/kernel_cells", "profiling/kernels"]),
     ("cs336_systems.profiling.memory_sweep", ["--size", "tiny", "--contexts", "16", "--dtypes", "fp32"],
      ["memory/peaks"]),
-    ("cs336_systems.attention.pytorch_sweep", ["--impls", "eager", "--ds", "16", "--seqs", "32",
+    ("cs336_systems.attention.benchmarks.pytorch_sweep", ["--impls", "eager", "--ds", "16", "--seqs", "32",
                                                "--probe-seqs", "", "--steps", "2", "--warmup", "1"],
      ["attention/pytorch_attention"]),
 ])

@@ -2,6 +2,9 @@
 
 On a CPU the Triton kernels run under the interpreter (fp32, small shapes); on a GPU the same tests
 run the compiled kernels, and the GPU-only tests add bf16/fp16, head dim 80 and larger shapes.
+"triton" is the teaching path's Function (tiles handed in, or its defaults); "fast" is the tuned
+one (`attention/fast/`: plans from the measured table, or handed in), with the one-pass and Gluon
+backward kernels.
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from cs336_systems.attention import flash_attention
-from cs336_systems.attention.configs import BwdConfig, FwdConfig, override
+from cs336_systems.attention.fast import FlashAttentionFast
+from cs336_systems.attention.fast.plans import BwdPlan, FwdPlan, GluonBwdConfig, GluonFwdConfig
 from cs336_systems.attention.flash_pytorch import FlashAttentionPyTorch
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.attention.reference import attention_reference
+from cs336_systems.attention.tiles import BwdConfig, FwdConfig
 from tests.strategies import attention_problems
 from tests.triton_mode import DEVICE, ON_GPU, needs_gpu, needs_triton, where_marks as pytestmark  # noqa: F401
 
-IMPLS = {"pytorch": FlashAttentionPyTorch, "triton": FlashAttentionTriton}
+IMPLS = {"pytorch": FlashAttentionPyTorch, "triton": FlashAttentionTriton, "fast": FlashAttentionFast}
 IMPL_PARAMS = ["pytorch", pytest.param("triton", marks=needs_triton)]  # without triton, the PyTorch half runs
 
 
@@ -65,11 +70,12 @@ def assert_close_rel(actual, expected, tol, what):
     assert err < tol, f"{what}: relative error {err:.3g} > {tol:.1g}"
 
 
-def run_and_check(impl, batch, heads, n_q, n_k, d, is_causal, dtype=torch.float32, seed=0):
+def run_and_check(impl, batch, heads, n_q, n_k, d, is_causal, dtype=torch.float32, seed=0, fwd=None, bwd=None):
+    """`fwd`, `bwd`: the tiles ("triton") or plans ("fast") handed to the Function; None: its own choice."""
     (q, k, v), do = make_qkv(batch, heads, n_q, n_k, d, dtype, seed=seed)
     o_ref, L_ref, dq_ref, dk_ref, dv_ref = reference(q, k, v, do, is_causal)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    o = IMPLS[impl].apply(q, k, v, is_causal)
+    o = IMPLS[impl].apply(q, k, v, is_causal, *((fwd, bwd) if fwd or bwd else ()))
     lead = q.shape[:-2]
     saved_L = [t for t in o.grad_fn.saved_tensors if t.shape == (*lead, n_q)]
     assert len(saved_L) == 1, "exactly one saved tensor must have shape (batch, [heads,] n_queries)"
@@ -123,38 +129,45 @@ CONFIGS = [
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("fwd,bwd", CONFIGS, ids=["m32n16", "m16n32-fused", "m64n64-fused"])
 def test_triton_tile_configs(fwd, bwd, is_causal):
-    with override(fwd=fwd, bwd=bwd):
-        run_and_check("triton", 2, None, 45, 70, 16, is_causal)
-        run_and_check("triton", 1, 2, 70, 29, 32, is_causal, seed=1)
-
-
-# Input tiles loaded through TMA tensor descriptors, forward and backward (the interpreter emulates
-# them, zero-filling boxes that run past the end like the copy engine does).
-TMA = [BwdConfig(16, 32, 32, 16, tma1=True, tma2=True),  # two launches, ragged boxes both ways
-       BwdConfig(32, 16, 16, 32, fused=True, tma1=True, tma2=True),  # one launch, each pass's boxes
-       BwdConfig(16, 16, 16, 16, fused=True, tma1=True),  # one launch, dQ pass by pointers
-       BwdConfig(16, 32, 16, 32, one_pass=True, tma1=True)]  # one pass (dQ atomics by pointers here)
+    run_and_check("triton", 2, None, 45, 70, 16, is_causal, fwd=fwd, bwd=bwd)
+    run_and_check("triton", 1, 2, 70, 29, 32, is_causal, seed=1, fwd=fwd, bwd=bwd)
 
 
 @needs_triton
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("bwd", TMA, ids=["two-launch", "fused", "fused-dkdv-only", "one-pass"])
-def test_triton_tma_backward(bwd, is_causal, monkeypatch):
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "x".join(map(str, s)))
+def test_fast_function_with_the_tables_plans(shape, is_causal):
+    """The tuned Function with no plan handed in: the table's lookup (the interpreter's tiles on a CPU)."""
+    run_and_check("fast", *shape, is_causal)
+
+
+# Input tiles loaded through TMA tensor descriptors, forward and backward (the interpreter emulates
+# them, zero-filling boxes that run past the end like the copy engine does).
+TMA_FWD = FwdConfig(16, 32, tma=True)
+TMA = [("triton", TMA_FWD, BwdConfig(16, 32, 32, 16, tma1=True, tma2=True)),  # two launches, ragged boxes both ways
+       ("triton", TMA_FWD, BwdConfig(32, 16, 16, 32, fused=True, tma1=True, tma2=True)),  # one launch, each pass's boxes
+       ("triton", TMA_FWD, BwdConfig(16, 16, 16, 16, fused=True, tma1=True)),  # one launch, dQ pass by pointers
+       ("fast", FwdPlan(TMA_FWD), BwdPlan(BwdConfig(16, 32, 16, 32, tma1=True), one_pass=True))]  # one pass (dQ atomics by pointers here)
+
+
+@needs_triton
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("impl,fwd,bwd", TMA, ids=["two-launch", "fused", "fused-dkdv-only", "one-pass"])
+def test_triton_tma_backward(impl, fwd, bwd, is_causal, monkeypatch):
     from cs336_systems.attention import flash_launch
+    from cs336_systems.attention.fast import launch as fast_launch
 
     made = []
     real = flash_launch._descriptors
-    monkeypatch.setattr(flash_launch, "_descriptors",  # the forward passes no dO
-                        lambda *a: made.append("bwd" if a[3] is not None else "fwd") or real(*a))
-    fwd = FwdConfig(16, 32, tma=True)
-    with override(fwd=fwd, bwd=bwd):
-        run_and_check("triton", 2, None, 45, 70, 16, is_causal)
-        run_and_check("triton", 1, 2, 70, 29, 32, is_causal, seed=1)
+    record = lambda *a: made.append("bwd" if a[3] is not None else "fwd") or real(*a)  # noqa: E731 - the forward passes no dO
+    monkeypatch.setattr(flash_launch, "_descriptors", record)
+    monkeypatch.setattr(fast_launch, "_descriptors", record)
+    run_and_check(impl, 2, None, 45, 70, 16, is_causal, fwd=fwd, bwd=bwd)
+    run_and_check(impl, 1, 2, 70, 29, 32, is_causal, seed=1, fwd=fwd, bwd=bwd)
     assert "fwd" in made, "the forward did not take the TMA path"
     assert "bwd" in made, "the backward did not take the TMA path"
     made.clear()
-    with override(fwd=fwd, bwd=bwd):  # d = 80 is no power of two: pointer loads
-        run_and_check("triton", 1, 2, 70, 29, 80, is_causal, seed=1)
+    run_and_check(impl, 1, 2, 70, 29, 80, is_causal, seed=1, fwd=fwd, bwd=bwd)  # d = 80 is no power of two: pointer loads
     assert not made
 
 
@@ -169,27 +182,26 @@ def test_tma_ok_rules():
     assert not tma_ok(torch.zeros(1, 3, 40, 32, device=DEVICE).expand(2, 3, 40, 32))  # a 0 stride
 
 
-# The one-pass backward (dQ by fp32 atomics), forced by config: not the default anywhere yet.
-ONE_PASS = [BwdConfig(16, 16, 16, 16, 1, 1, 1, 1, one_pass=True),  # the interpreter's tiles
-            BwdConfig(32, 16, 32, 16, one_pass=True),  # BLOCK_M > BLOCK_N
-            BwdConfig(16, 32, 16, 32, one_pass=True)]  # BLOCK_N > BLOCK_M, ragged key tiles
+# The one-pass backward (dQ by fp32 atomics), forced by a plan handed to the fast Function.
+ONE_PASS = [BwdPlan(BwdConfig(16, 16, 16, 16, 1, 1, 1, 1), one_pass=True),  # the interpreter's tiles
+            BwdPlan(BwdConfig(32, 16, 32, 16), one_pass=True),  # BLOCK_M > BLOCK_N
+            BwdPlan(BwdConfig(16, 32, 16, 32), one_pass=True)]  # BLOCK_N > BLOCK_M, ragged key tiles
 
 
 @needs_triton
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_triton_one_pass_backward(shape, is_causal):
-    with override(bwd=ONE_PASS[0]):
-        run_and_check("triton", *shape, is_causal)
+    run_and_check("fast", *shape, is_causal, bwd=ONE_PASS[0])
 
 
 @needs_triton
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("bwd", ONE_PASS[1:], ids=["m32n16", "m16n32"])
 def test_triton_one_pass_tile_configs(bwd, is_causal):
-    with override(fwd=FwdConfig(16, 16), bwd=bwd):
-        run_and_check("triton", 2, None, 45, 70, 16, is_causal)
-        run_and_check("triton", 1, 2, 70, 29, 80, is_causal, seed=1)
+    fwd = FwdPlan(FwdConfig(16, 16))
+    run_and_check("fast", 2, None, 45, 70, 16, is_causal, fwd=fwd, bwd=bwd)
+    run_and_check("fast", 1, 2, 70, 29, 80, is_causal, seed=1, fwd=fwd, bwd=bwd)
 
 
 @needs_triton
@@ -206,8 +218,7 @@ def test_one_pass_ragged_keys_with_very_negative_scores(is_causal):
     v, do = torch.randn(1, 2, 20, 16, generator=g).to(DEVICE), torch.randn(1, 2, 37, 16, generator=g).to(DEVICE)
     _, _, dq_ref, dk_ref, dv_ref = reference(q, k, v, do, is_causal)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    with override(bwd=ONE_PASS[0]):
-        FlashAttentionTriton.apply(q, k, v, is_causal).backward(do)
+    FlashAttentionFast.apply(q, k, v, is_causal, None, ONE_PASS[0]).backward(do)
     # On a GPU Triton's fp32 dots run in TF32 (10-bit mantissa): scores of size ~480 move by ~0.2,
     # which moved dK by ~1.3% on the H200; the interpreter computes in full fp32, where a score's
     # error is <= gamma_16 * |q||k| / 4 ~ 1.1e-4 absolute, so P's relative error <= ~2.3e-4 (worst case).
@@ -218,7 +229,7 @@ def test_one_pass_ragged_keys_with_very_negative_scores(is_causal):
 
 def test_one_pass_and_fused_exclude_each_other():
     with pytest.raises(ValueError, match="one_pass and fused"):
-        BwdConfig(16, 16, 16, 16, fused=True, one_pass=True)
+        BwdPlan(BwdConfig(16, 16, 16, 16, fused=True), one_pass=True)
 
 
 @pytest.mark.parametrize("impl", IMPL_PARAMS)
@@ -297,24 +308,26 @@ def test_pytorch_compiled_backward_matches_eager():
 # -- GPU only ------------------------------------------------------------------------------------
 
 @needs_gpu
+@pytest.mark.parametrize("impl", ["triton", "fast"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 1000, 1000, 80), (1, 3, 777, 1531, 64), (3, 2, 1200, 300, 128),
                                    (4, None, 513, 513, 16)], ids=lambda s: "x".join(map(str, s)))
-def test_gpu_dtypes_and_odd_sizes(dtype, shape, is_causal):
-    run_and_check("triton", *shape, is_causal, dtype=dtype)
+def test_gpu_dtypes_and_odd_sizes(impl, dtype, shape, is_causal):
+    run_and_check(impl, *shape, is_causal, dtype=dtype)
 
 
 @needs_gpu
+@pytest.mark.parametrize("impl", ["triton", "fast"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_gpu_leaderboard_layout_under_compile(dtype):
+def test_gpu_leaderboard_layout_under_compile(impl, dtype):
     """Heads folded into batch, torch.compile(Fn.apply), o.sum().backward(): the leaderboard's step
     at a smaller sequence."""
     (q, k, v), _ = make_qkv(16, None, 2048, 2048, 64, dtype)
     do = torch.ones_like(q)
     o_ref, _, dq_ref, dk_ref, dv_ref = reference(q, k, v, do, True)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    f = torch.compile(FlashAttentionTriton.apply)
+    f = torch.compile(IMPLS[impl].apply)
     o = f(q, k, v, True)
     o.sum().backward()
     tol = tolerance(dtype, "triton")
@@ -326,20 +339,19 @@ def test_gpu_leaderboard_layout_under_compile(dtype):
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("bwd", [BwdConfig(64, 64, 64, 64, 4, 3, 4, 3, one_pass=True),
-                                 BwdConfig(32, 128, 32, 128, 8, 2, 8, 2, one_pass=True),
+@pytest.mark.parametrize("bwd", [BwdPlan(BwdConfig(64, 64, 64, 64, 4, 3, 4, 3), one_pass=True),
+                                 BwdPlan(BwdConfig(32, 128, 32, 128, 8, 2, 8, 2), one_pass=True),
                                  # TMA loads, and dQ added by TMA bulk reductions (GPU only)
-                                 BwdConfig(64, 64, 64, 64, 4, 3, 4, 3, one_pass=True, tma1=True),
-                                 BwdConfig(64, 128, 64, 128, 8, 3, 8, 3, one_pass=True, tma1=True)],
+                                 BwdPlan(BwdConfig(64, 64, 64, 64, 4, 3, 4, 3, tma1=True), one_pass=True),
+                                 BwdPlan(BwdConfig(64, 128, 64, 128, 8, 3, 8, 3, tma1=True), one_pass=True)],
                          ids=["m64n64", "m32n128", "m64n64-tma", "m64n128-tma"])
 @pytest.mark.parametrize("shape", [(2, 4, 1000, 1000, 80), (1, 3, 777, 1531, 64), (3, 2, 1200, 300, 128),
                                    (4, None, 1024, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_one_pass_backward(shape, bwd, is_causal, dtype):
-    if dtype == torch.float32 and (bwd.block_n1 == 128 or bwd.tma1) and shape[-1] > 64:
+    if dtype == torch.float32 and (bwd.tiles.block_n1 == 128 or bwd.tiles.tma1) and shape[-1] > 64:
         # (the TMA version stages each fp32 dQ tile in shared memory for the bulk reduction: 322 KB at 64 x 64)
         pytest.skip("fp32, head dim padded to 128, 128 keys or TMA: over 227 KB of shared memory (compile_report)")
-    with override(bwd=bwd):
-        run_and_check("triton", *shape, is_causal, dtype=dtype)
+    run_and_check("fast", *shape, is_causal, dtype=dtype, bwd=bwd)
 
 
 @needs_gpu
@@ -354,8 +366,7 @@ def test_gpu_one_pass_backward(shape, bwd, is_causal, dtype):
 def test_gpu_tma(shape, fwd, bwd, is_causal, dtype):
     if dtype == torch.float32 and shape[-1] == 128:
         pytest.skip("fp32 at head dim 128 with these tiles: over 227 KB of shared memory")
-    with override(fwd=fwd, bwd=bwd):
-        run_and_check("triton", *shape, is_causal, dtype=dtype)
+    run_and_check("triton", *shape, is_causal, dtype=dtype, fwd=fwd, bwd=bwd)
 
 
 @needs_gpu
@@ -369,19 +380,18 @@ def test_gpu_pytorch_fa2_bf16():
 @pytest.mark.parametrize("shape", [(4, None, 1024, 1024, 64), (2, 2, 512, 1024, 64), (1, 3, 777, 1531, 64),
                                    (2, 4, 1000, 1000, 80)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_gluon_backward_through_the_table(shape, is_causal, dtype, monkeypatch):
-    """A table entry with gluon_ws, through the autograd Function: the Gluon backward where the inputs
+    """A plan with Gluon settings, through the fast autograd Function: the Gluon backward where the inputs
     qualify (Hopper, Triton 3.6, 16-bit, d = 64, keys a multiple of 128, causal only square), the
-    entry's Triton kernels elsewhere; the gradients right either way."""
+    plan's Triton kernels elsewhere; the gradients right either way."""
     import triton
 
-    from cs336_systems.attention import onepass_ws
+    from cs336_systems.attention.fast.gluon import onepass_ws
 
     calls = []
     real = onepass_ws.launch_bwd_onepass_ws
     monkeypatch.setattr(onepass_ws, "launch_bwd_onepass_ws", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    bwd = BwdConfig(32, 128, 128, 32, 4, 3, 4, 3, gluon_ws=True, ws_stages=2, ws_slots=2, ws_dq_regs=80)
-    with override(bwd=bwd):
-        run_and_check("triton", *shape, is_causal, dtype=dtype)
+    bwd = BwdPlan(BwdConfig(32, 128, 128, 32, 4, 3, 4, 3), gluon=GluonBwdConfig(stages=2, slots=2, dq_regs=80))
+    run_and_check("fast", *shape, is_causal, dtype=dtype, bwd=bwd)
     qualifies = dtype != torch.float32 and (shape[2:] == (1024, 1024, 64) or (shape[2:] == (512, 1024, 64)
                                                                                 and not is_causal))
     gluon_here = torch.cuda.get_device_capability()[0] == 9 and triton.__version__.startswith("3.6")
@@ -394,19 +404,18 @@ def test_gpu_gluon_backward_through_the_table(shape, is_causal, dtype, monkeypat
 @pytest.mark.parametrize("shape", [(4, None, 1024, 1024, 64), (1, 3, 777, 1531, 64), (2, 4, 1000, 1000, 80)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_gpu_gluon_forward_through_the_table(shape, is_causal, dtype, monkeypatch):
-    """A forward entry with gluon_ws, through the autograd Function: the Gluon forward where the
-    inputs qualify (Hopper, Triton 3.6, 16-bit, d = 64, keys a multiple of 64), the entry's Triton
+    """A forward plan with Gluon settings, through the fast autograd Function: the Gluon forward where the
+    inputs qualify (Hopper, Triton 3.6, 16-bit, d = 64, keys a multiple of 64), the plan's Triton
     forward elsewhere; output, saved L and gradients right either way."""
     import triton
 
-    from cs336_systems.attention import fwd_ws
+    from cs336_systems.attention.fast.gluon import fwd_ws
 
     calls = []
     real = fwd_ws.launch_fwd_ws
     monkeypatch.setattr(fwd_ws, "launch_fwd_ws", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    fwd = FwdConfig(64, 32, 4, 2, gluon_ws=True, ws_block_n=64, ws_stages=4, ws_warpgroups=3)
-    with override(fwd=fwd):
-        run_and_check("triton", *shape, is_causal, dtype=dtype)
+    fwd = FwdPlan(FwdConfig(64, 32, 4, 2), GluonFwdConfig(block_n=64, stages=4, warpgroups=3))
+    run_and_check("fast", *shape, is_causal, dtype=dtype, fwd=fwd)
     qualifies = dtype != torch.float32 and shape[-1] == 64 and shape[3] % 64 == 0
     gluon_here = torch.cuda.get_device_capability()[0] == 9 and triton.__version__.startswith("3.6")
     assert bool(calls) == (qualifies and gluon_here)

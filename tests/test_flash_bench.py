@@ -9,9 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336_systems.attention import configs, flash_sweep, tune
-from cs336_systems.attention.configs import BwdConfig, FwdConfig
+from cs336_systems.attention import tiles
+from cs336_systems.attention.benchmarks import flash_sweep
+from cs336_systems.attention.fast import table as tables
+from cs336_systems.attention.fast.plans import BwdPlan, FwdPlan, bwd_fields, bwd_plan, fwd_fields, fwd_plan
+from cs336_systems.attention.fast.tuning import problem, tune
 from cs336_systems.attention.flops import attention_flops
+from cs336_systems.attention.tiles import BwdConfig, FwdConfig
 from cs336_systems.bench.store import ResultStore
 from tests.triton_mode import ON_GPU, pytestmark  # noqa: F401
 
@@ -32,19 +36,39 @@ def test_flop_convention():
 
 
 def test_config_keys_and_fallback(monkeypatch):
-    assert configs.size_class(1, 2048, 2048) == "small"
-    assert configs.size_class(1, 16384, 16384) == "medium"
-    assert configs.size_class(16, 16384, 16384) == "large"
-    assert configs.table_key(torch.float16, 80, True, "large") == "bf16-d128-causal-large"
+    assert tables.size_class(1, 2048, 2048) == "small"
+    assert tables.size_class(1, 16384, 16384) == "medium"
+    assert tables.size_class(16, 16384, 16384) == "large"
+    assert tables.table_key(torch.float16, 80, True, "large") == "bf16-d128-causal-large"
     table = {"fwd": {"bf16-d64-causal-medium": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}},
              "bwd": {}}
-    monkeypatch.setattr(configs, "interpreting", lambda: False)
-    monkeypatch.setitem(__import__("sys").modules, "cs336_systems.attention.tuned_configs",
-                        type("M", (), {"TUNED": table}))
+    monkeypatch.setattr(tables, "interpreting", lambda: False)
     # small borrows medium; a missing key falls back to the heuristic
-    assert configs.fwd_config(torch.bfloat16, 64, True, 1, 512, 512) == FwdConfig(64, 32, 4, 2)
-    assert configs.fwd_config(torch.bfloat16, 64, False, 1, 512, 512) == configs.heuristic_fwd(torch.bfloat16, 64)
-    assert configs.bwd_config(torch.float32, 80, True, 1, 512, 512) == configs.heuristic_bwd(torch.float32, 128)
+    assert tables.lookup_fwd(table, torch.bfloat16, 64, True, 1, 512, 512) == FwdPlan(FwdConfig(64, 32, 4, 2))
+    assert tables.lookup_fwd(table, torch.bfloat16, 64, False, 1, 512, 512) == FwdPlan(tiles.heuristic_fwd(torch.bfloat16, 64))
+    assert tables.lookup_bwd(table, torch.float32, 80, True, 1, 512, 512) == BwdPlan(tiles.heuristic_bwd(torch.float32, 128))
+    # under the interpreter every shape runs the 16-wide tiles, whatever the table says
+    monkeypatch.setattr(tables, "interpreting", lambda: True)
+    assert tables.lookup_fwd(table, torch.bfloat16, 64, True, 1, 512, 512) == FwdPlan(tiles.INTERPRETER_FWD)
+
+
+def test_plans_read_back_the_fields_they_write():
+    """Rows and the table store a plan as flat fields (the rows' fields since before plans existed)."""
+    from cs336_systems.attention.fast.plans import GluonBwdConfig, GluonFwdConfig
+
+    plans = [FwdPlan(FwdConfig(64, 32, 4, 2, tma=True)), FwdPlan(FwdConfig(128, 64), GluonFwdConfig(128, 3, 2))]
+    assert [fwd_plan(fwd_fields(p)) for p in plans] == plans
+    plans = [BwdPlan(BwdConfig(32, 128, 128, 32, fused=True, tma2=True)), BwdPlan(BwdConfig(64, 64, 64, 64), one_pass=True),
+             BwdPlan(BwdConfig(32, 128, 128, 32), gluon=GluonBwdConfig(3, 2, 88))]
+    assert [bwd_plan(bwd_fields(p)) for p in plans] == plans
+    assert list(bwd_fields(plans[0])) == ["block_m1", "block_n1", "block_m2", "block_n2", "num_warps1", "num_stages1",
+                                          "num_warps2", "num_stages2", "fused", "one_pass", "tma1", "tma2", "gluon_ws",
+                                          "ws_stages", "ws_slots", "ws_dq_regs"]
+    # the committed table's entries are plans of this form
+    from cs336_systems.attention.fast.tuned_configs import TUNED
+
+    for kind, read in (("fwd", fwd_plan), ("bwd", bwd_plan)):
+        assert all(read(entry) for entry in TUNED[kind].values())
 
 
 def test_table_picks_the_fastest_of_the_latest_run():
@@ -88,20 +112,18 @@ def test_table_takes_a_key_from_its_own_shape():
 
 
 def test_table_adds_the_gluon_backward_where_the_tuner_timed_it_fastest():
-    from dataclasses import asdict
-
     dkdv = {"block_m1": 64, "block_n1": 64, "num_warps1": 4, "num_stages1": 3,
             "block_m2": 64, "block_n2": 32, "num_warps2": 4, "num_stages2": 2, "fused": False}
 
     def row(kernel, config, ms, run="1"):
         return {"key": "k", "kernel": kernel, "config": config, "ms": ms, "run": run, "status": "ok"}
-    ws = asdict(tune.ws_from((3, 2, 88), torch.bfloat16, 64))
+    ws = bwd_fields(tune.ws_from((3, 2, 88), torch.bfloat16, 64))
     rows = [row("dkdv", dkdv, 2.0), row("dq", dkdv, 1.0)]
     assert "gluon_ws" not in tune.choose(rows)["bwd"]["k"]
     won = tune.choose(rows + [row("ws", ws, 2.9)])["bwd"]["k"]
     # the Gluon settings, and the Triton fields of the best Triton backward (for inputs it does not take)
     assert won == {**dkdv, "gluon_ws": True, "ws_stages": 3, "ws_slots": 2, "ws_dq_regs": 88}
-    assert configs.BwdConfig(**won).gluon_ws
+    assert bwd_plan(won).gluon is not None
     assert "gluon_ws" not in tune.choose(rows + [row("ws", ws, 3.1)])["bwd"]["k"]
     # a later run that re-timed only the Gluon kernel decides for it; the others keep their run
     later = tune.choose(rows + [row("ws", ws, 2.9), row("ws", ws, 3.2, run="2")])["bwd"]["k"]
@@ -110,10 +132,8 @@ def test_table_adds_the_gluon_backward_where_the_tuner_timed_it_fastest():
 
 
 def test_table_adds_the_gluon_forward_where_the_tuner_timed_it_fastest():
-    from dataclasses import asdict
-
-    fwd = asdict(FwdConfig(128, 64, 8, 4))
-    ws = asdict(tune.fwd_ws_from((64, 5, 3), torch.bfloat16, 64))
+    fwd = fwd_fields(FwdPlan(FwdConfig(128, 64, 8, 4)))
+    ws = fwd_fields(tune.fwd_ws_from((64, 5, 3), torch.bfloat16, 64))
 
     def row(kernel, config, ms, run="1"):
         return {"key": "k", "kernel": kernel, "config": config, "ms": ms, "run": run, "status": "ok"}
@@ -121,14 +141,14 @@ def test_table_adds_the_gluon_forward_where_the_tuner_timed_it_fastest():
     assert tune.choose([row("fwd", fwd, 1.3)])["fwd"]["k"] == plain
     won = tune.choose([row("fwd", fwd, 1.3), row("fwd_ws", ws, 1.2)])["fwd"]["k"]
     assert won == {**plain, "gluon_ws": True, "ws_block_n": 64, "ws_stages": 5, "ws_warpgroups": 3}
-    assert configs.FwdConfig(**won).gluon_ws
+    assert fwd_plan(won).gluon is not None
     assert "gluon_ws" not in tune.choose([row("fwd", fwd, 1.3), row("fwd_ws", ws, 1.4)])["fwd"]["k"]
     assert tune.fwd_ws_candidates(torch.float32, 64, True) == [] and tune.fwd_ws_candidates(torch.bfloat16, 32, True) == []
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
 def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
-    monkeypatch.setattr(tune, "DEVICE", "cpu")
+    monkeypatch.setattr(problem, "DEVICE", "cpu")
     monkeypatch.setattr(tune, "DTYPES", {"bf16": torch.float32})
     monkeypatch.setattr("cs336_systems.bench.timing.gpu_bench", cpu_timer)
     monkeypatch.setattr(tune, "fwd_candidates", lambda *a: [FwdConfig(16, 16, 1, 1), FwdConfig(32, 16, 1, 1)])
@@ -198,7 +218,7 @@ def test_sweep_flow_on_the_interpreter(tmp_path, monkeypatch):
 
 
 def test_benchmarks_refuse_bad_arguments(capsys):
-    from cs336_systems.attention import leaderboard
+    from cs336_systems.attention.benchmarks import leaderboard
 
     for main, argv, message in ((leaderboard.main, ["--impls", "cudnn,magic"], "--impls"),
                                 (leaderboard.main, ["--batch", "16", "--heads", "5"], "--heads"),
@@ -210,7 +230,7 @@ def test_benchmarks_refuse_bad_arguments(capsys):
 
 
 def test_leaderboard_clock_summary():
-    from cs336_systems.attention import leaderboard
+    from cs336_systems.attention.benchmarks import leaderboard
     from cs336_systems.profiling.clocks import ClockSampler
 
     sampler = ClockSampler()

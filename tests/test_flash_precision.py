@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from cs336_systems.attention import flash_launch
-from cs336_systems.attention.configs import BwdConfig, FwdConfig, override
+from cs336_systems.attention.fast import FlashAttentionFast
+from cs336_systems.attention.fast import launch as fast_launch
+from cs336_systems.attention.fast.plans import BwdPlan
 from cs336_systems.attention.flash_launch import dot_precision
-from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.attention.reference import attention_reference
+from cs336_systems.attention.tiles import BwdConfig, FwdConfig
 from tests.triton_mode import ON_GPU, needs_triton
 from tests.triton_mode import where_marks as pytestmark  # noqa: F401
 
@@ -76,7 +78,7 @@ def test_older_torch_reads_allow_tf32(allow_tf32, expected, monkeypatch):
     assert dot_precision(torch.float32) == expected
 
 
-KERNEL_FILES = ["flash_fwd_kernel.py", "flash_bwd_kernel.py", "flash_bwd_onepass_kernel.py"]
+KERNEL_FILES = ["flash_fwd_kernel.py", "flash_bwd_kernel.py", "fast/flash_bwd_onepass_kernel.py"]
 
 
 @pytest.mark.parametrize("name", KERNEL_FILES)
@@ -101,22 +103,23 @@ class LaunchRecorder:
         return Launch()
 
 
-@pytest.mark.parametrize("bwd", [BwdConfig(16, 16, 16, 16), BwdConfig(16, 16, 16, 16, fused=True),
-                                 BwdConfig(16, 16, 16, 16, one_pass=True)], ids=["two-pass", "fused", "one-pass"])
+@pytest.mark.parametrize("bwd", [BwdPlan(BwdConfig(16, 16, 16, 16)), BwdPlan(BwdConfig(16, 16, 16, 16, fused=True)),
+                                 BwdPlan(BwdConfig(16, 16, 16, 16), one_pass=True)], ids=["two-pass", "fused", "one-pass"])
 @pytest.mark.parametrize("dtype,opt_in,expected", [(torch.float32, False, "ieee"), (torch.float32, True, "tf32"),
                                                    (torch.bfloat16, False, "tf32")], ids=["fp32", "fp32-tf32", "bf16"])
 def test_every_launch_passes_the_precision(bwd, dtype, opt_in, expected, monkeypatch):
     recorder = LaunchRecorder()
     monkeypatch.setattr(flash_launch, "kernels", lambda module: recorder)
+    monkeypatch.setattr(fast_launch, "kernels", lambda module: recorder)  # the one-pass kernel's launcher
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # nothing runs; bf16 is refused only by the interpreter
     q = torch.zeros(1, 2, 32, 16, dtype=dtype)
     L = torch.zeros(1, 2, 32)
     setting = tf32_opt_in("set_float32_matmul_precision") if opt_in else contextlib.nullcontext()
-    with override(fwd=FwdConfig(16, 16), bwd=bwd), setting:
-        flash_launch.launch_fwd(q, q, q, True)
-        flash_launch.launch_bwd(q, q, q, q, L, q, True)
+    with setting:
+        flash_launch.launch_fwd(q, q, q, True, FwdConfig(16, 16))
+        fast_launch.launch_bwd(q, q, q, q, L, q, True, bwd)
     with_dots = [(kernel, p) for kernel, p in recorder.launches if kernel != "bwd_preprocess_kernel"]
-    assert len(with_dots) == (2 if bwd.fused or bwd.one_pass else 3)
+    assert len(with_dots) == (2 if bwd.tiles.fused or bwd.one_pass else 3)
     assert all(p == expected for _, p in with_dots), recorder.launches
 
 
@@ -165,13 +168,14 @@ def fp32_problem(shape, scale: float, seed: int = 0):
     return q, k, v, do
 
 
-def errors_vs_float64(q, k, v, do, is_causal):
-    """Relative errors of O, dQ, dK, dV of the Triton Function against float64, and its outputs."""
+def errors_vs_float64(q, k, v, do, is_causal, bwd: BwdPlan | None = None):
+    """Relative errors of O, dQ, dK, dV of the tuned Triton Function (the table's plans, or `bwd`)
+    against float64, and its outputs."""
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o64, _ = attention_reference(q64, k64, v64, is_causal)
     o64.backward(do.double())
     q32, k32, v32 = (t.clone().requires_grad_() for t in (q, k, v))
-    o = FlashAttentionTriton.apply(q32, k32, v32, is_causal)
+    o = FlashAttentionFast.apply(q32, k32, v32, is_causal, None, bwd)
     o.backward(do)
     got = {"O": o.detach(), "dQ": q32.grad, "dK": k32.grad, "dV": v32.grad}
     want = {"O": o64.detach(), "dQ": q64.grad, "dK": k64.grad, "dV": v64.grad}
@@ -181,9 +185,9 @@ def errors_vs_float64(q, k, v, do, is_causal):
 needs_compiled = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: only the compiled kernels can use TF32 "
                                     "(the interpreter computes fp32 in IEEE, with numpy)")
 # Explicit backward kernels besides the table's choice, at tiles that fit fp32 at d = 128 (padded from 80)
-BWD_KERNELS = {"table": None, "two-pass": BwdConfig(16, 32, 32, 16, 4, 1, 4, 1),
-               "fused": BwdConfig(16, 32, 32, 16, 4, 1, 4, 1, fused=True),
-               "one-pass": BwdConfig(16, 32, 16, 32, 4, 1, 4, 1, one_pass=True)}
+BWD_KERNELS = {"table": None, "two-pass": BwdPlan(BwdConfig(16, 32, 32, 16, 4, 1, 4, 1)),
+               "fused": BwdPlan(BwdConfig(16, 32, 32, 16, 4, 1, 4, 1, fused=True)),
+               "one-pass": BwdPlan(BwdConfig(16, 32, 16, 32, 4, 1, 4, 1), one_pass=True)}
 
 
 @needs_compiled
@@ -195,8 +199,7 @@ BWD_KERNELS = {"table": None, "two-pass": BwdConfig(16, 32, 32, 16, 4, 1, 4, 1),
 def test_gpu_fp32_matches_float64_at_ieee_precision(shape, is_causal, scale, bwd):
     q, k, v, do = fp32_problem(shape, scale)
     tol = fp32_tolerance(q, k, v, do, u_operand=0.0)
-    with override(bwd=BWD_KERNELS[bwd]):  # None: the table's choice
-        errs, _ = errors_vs_float64(q, k, v, do, is_causal)
+    errs, _ = errors_vs_float64(q, k, v, do, is_causal, BWD_KERNELS[bwd])  # None: the table's choice
     assert all(e < tol for e in errs.values()), f"errors {errs} vs IEEE fp32 bound {tol:.2g}"
 
 

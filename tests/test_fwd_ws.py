@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.attention import fwd_ws
+from cs336_systems.attention.fast.gluon import fwd_ws
 from cs336_systems.attention.reference import attention_reference
 from tests.triton_mode import NO_TRITON, ON_GPU, pytestmark  # noqa: F401
 
@@ -48,9 +48,9 @@ def test_compiles_for_sm90_without_spills(block_n, stages, warpgroups):
 import json, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
-from cs336_systems.attention import fwd_ws
-from cs336_systems.attention.compile_report import machine_code
-from cs336_systems.attention.flash_fwd_ws_kernel import fwd_ws_kernel
+from cs336_systems.attention.fast.gluon import fwd_ws
+from cs336_systems.attention.fast.gluon.flash_fwd_ws_kernel import fwd_ws_kernel
+from cs336_systems.attention.fast.tuning.compile_report import machine_code
 lay = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
 sig = {{"q_desc": f"tensordesc<bf16[64, 64],{{lay}}>", "k_desc": f"tensordesc<bf16[{block_n}, 64],{{lay}}>",
        "v_desc": f"tensordesc<bf16[{block_n}, 64],{{lay}}>", "O": "*bf16", "L": "*fp32", "n_q": "i32", "n_k": "i32",

@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from cs336_systems.attention import flash_launch
-from cs336_systems.attention.configs import BwdConfig, FwdConfig
+from cs336_systems.attention.fast import FlashAttentionFast
+from cs336_systems.attention.fast.launch import launch_bwd_onepass
 from cs336_systems.attention.flash_pytorch import FlashAttentionPyTorch
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.attention.reference import attention_reference
+from cs336_systems.attention.tiles import BwdConfig, FwdConfig
 from cs336_systems.attention.weighted_sum import weighted_sum
 from tests.triton_mode import DEVICE, needs_triton
 from tests.triton_mode import where_marks as pytestmark  # noqa: F401
 
-IMPLS = {"pytorch": FlashAttentionPyTorch, "triton": FlashAttentionTriton}
+IMPLS = {"pytorch": FlashAttentionPyTorch, "triton": FlashAttentionTriton, "fast": FlashAttentionFast}
 U_FP16 = 2.0**-11  # unit roundoff of fp16 (11 significant bits)
 U_BF16 = 2.0**-8  # unit roundoff of bf16 (8 significant bits)
 
@@ -74,14 +76,15 @@ def test_bf16_is_refused_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q = torch.randn(1, 2, 32, 16).bfloat16()
     L = torch.zeros(1, 2, 32)
-    with pytest.raises(ValueError, match=BF16_UNDER_INTERPRETER):
-        FlashAttentionTriton.apply(q, q, q, False)
+    for Fn in (FlashAttentionTriton, FlashAttentionFast):
+        with pytest.raises(ValueError, match=BF16_UNDER_INTERPRETER):
+            Fn.apply(q, q, q, False)
     with pytest.raises(ValueError, match=BF16_UNDER_INTERPRETER):
         flash_launch.launch_fwd(q, q, q, False)
     with pytest.raises(ValueError, match=BF16_UNDER_INTERPRETER):
         flash_launch.launch_bwd(q, q, q, q, L, q, False)
     with pytest.raises(ValueError, match=BF16_UNDER_INTERPRETER):
-        flash_launch.launch_bwd_onepass(q, q, q, q, L, L, False, BwdConfig(16, 16, 16, 16, one_pass=True))
+        launch_bwd_onepass(q, q, q, q, L, L, False, BwdConfig(16, 16, 16, 16))
 
 
 @needs_triton

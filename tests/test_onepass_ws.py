@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.attention import onepass_ws
+from cs336_systems.attention.fast.experiments import ab_onepass_ws
+from cs336_systems.attention.fast.gluon import onepass_ws
 from cs336_systems.attention.reference import attention_reference
 from tests.triton_mode import NO_TRITON, ON_GPU, pytestmark  # noqa: F401
 
@@ -23,19 +24,18 @@ def test_unsupported_inputs_say_why():
 
 
 def test_ablations_edit_what_they_name():
-    from pathlib import Path
-
-    src = Path(onepass_ws.__file__).with_name("flash_bwd_ws_kernel.py").read_text()
-    assert onepass_ws.variant_source("full", src) == src
-    no_add = onepass_ws.variant_source("no_add", src)
-    assert no_add.count(onepass_ws.NEVER) == 1 and onepass_ws.HANDOFF in no_add
-    math_only = onepass_ws.variant_source("math_only", src)
-    assert onepass_ws.NEVER + "    " + onepass_ws.HANDOFF.splitlines()[0] in math_only
+    ab = ab_onepass_ws
+    src = ab.KERNEL_FILE.read_text()
+    assert ab.variant_source("full", src) == src
+    no_add = ab.variant_source("no_add", src)
+    assert no_add.count(ab.NEVER) == 1 and ab.HANDOFF in no_add
+    math_only = ab.variant_source("math_only", src)
+    assert ab.NEVER + "    " + ab.HANDOFF.splitlines()[0] in math_only
     assert "range(n_iter * 0)" in math_only
-    every = onepass_ws.variant_source("mask_every_tile", src)
-    assert onepass_ws.DIAG not in every and "n_diag = n_iter\n" in every
+    every = ab.variant_source("mask_every_tile", src)
+    assert ab.DIAG not in every and "n_diag = n_iter\n" in every
     with pytest.raises(ValueError, match="copies of"):
-        onepass_ws.variant_source("full", src.replace(onepass_ws.ADD_BLOCK, ""))
+        ab.variant_source("full", src.replace(ab.ADD_BLOCK, ""))
 
 
 @pytest.mark.skipif(not triton.__version__.startswith("3.6"),
@@ -46,8 +46,8 @@ def test_compiles_for_sm90(block_n, dq_regs, dq_tma):
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
 
-    from cs336_systems.attention.compile_report import machine_code
-    from cs336_systems.attention.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
+    from cs336_systems.attention.fast.gluon.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
+    from cs336_systems.attention.fast.tuning.compile_report import machine_code
 
     lay = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
     desc = f"tensordesc<bf16[64, 64],{lay}>"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from cs336_systems.attention.pytorch_sweep import attention_memory, largest_seq_that_fits
+from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory, largest_seq_that_fits
 from cs336_systems.model import get_config
 from cs336_systems.profiling import kernel_attribution, memory, mixed_precision, torch_profile
 from cs336_systems.profiling.steps import build_model

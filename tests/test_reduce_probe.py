@@ -9,11 +9,11 @@ from tests.triton_mode import NO_TRITON
 
 pytest.importorskip("triton", reason=NO_TRITON)  # reduce_probe imports triton at its top
 
-from cs336_systems.attention import reduce_probe  # noqa: E402
+from cs336_systems.attention.fast.experiments import reduce_probe  # noqa: E402
 from tests.triton_mode import DEVICE, ON_GPU, pytestmark  # noqa: F401
 
 
-@pytest.mark.skipif(ON_GPU, reason="the interpreter's check; on a GPU `python -m ...reduce_probe` is the run")
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's check; on a GPU `just bench flash-reduce-probe` is the run")
 @pytest.mark.parametrize("block_m,block_n", [(16, 16), (16, 32)])
 @pytest.mark.parametrize("mode", ["atomics", "store"])
 def test_each_key_tile_adds_into_the_query_tiles_at_and_after_its_diagonal(block_m, block_n, mode):

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from cs336_systems.attention.pytorch_sweep import attention_memory
+from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.bench.store import ResultStore, results_path
 from cs336_systems.profiling.attention_oom import KEY as OOM_KEY
 from cs336_systems.profiling.kernel_attribution import ATTRIBUTION

@@ -1,7 +1,9 @@
-"""Host side of the Triton FlashAttention-2: allocate outputs, pick configs, launch kernels.
+"""Host side of the Triton FlashAttention-2: allocate outputs, launch kernels with the tiles handed in.
 
 All functions take 4-D (Z, H, N, d) tensors whose last dim has stride 1 (any other strides) and
-return contiguous results. Shape and dtype checks happen before, in `inputs.py`.
+return contiguous results. Shape and dtype checks happen before, in `inputs.py`. `launch_fwd` and
+`launch_bwd` take their tiles (`tiles.FwdConfig` / `BwdConfig`) as an argument, defaulting to
+`tiles.default_fwd` / `default_bwd`.
 """
 
 from __future__ import annotations
@@ -11,14 +13,12 @@ import math
 import torch
 from torch import Tensor
 
-from . import configs as cfgs
-from .configs import BwdConfig, FwdConfig
+from .tiles import BwdConfig, FwdConfig, default_bwd, default_fwd
 from .inputs import refuse_under_interpreter
 from .triton_loader import interpreting, kernels, next_power_of_2
 
 FWD = "cs336_systems.attention.flash_fwd_kernel"
 BWD = "cs336_systems.attention.flash_bwd_kernel"
-BWD_ONEPASS = "cs336_systems.attention.flash_bwd_onepass_kernel"
 LOG2E = 1.4426950408889634
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which carries batch * heads
 
@@ -68,12 +68,7 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, config: FwdConf
                ) -> tuple[Tensor, Tensor]:
     """O (Z, H, n_q, d) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp."""
     Z, H, n_q, n_k, d = _shape(q, k)
-    c = config or cfgs.fwd_config(q.dtype, d, is_causal, Z * H, n_q, n_k)
-    if c.gluon_ws:
-        from .fwd_ws import fwd_ws_supported, launch_fwd_ws
-
-        if fwd_ws_supported(q, k, v, c.ws_block_n) is None:
-            return launch_fwd_ws(q, k, v, is_causal, c.ws_block_n, c.ws_stages, c.ws_warpgroups)
+    c = config or default_fwd(q.dtype, d)
     o = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     grid = (_cdiv(n_q, c.block_m), Z * H)
@@ -185,46 +180,13 @@ def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tu
     return dq, dk, dv
 
 
-def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig, kernel=None
-                       ) -> tuple[Tensor, Tensor, Tensor]:
-    """dQ, dK, dV from one pass over the key tiles (block_m1, block_n1, warps1, stages1, tma1). dQ is
-    summed in an fp32 buffer with atomics (order not deterministic), then cast to q's dtype. With
-    TMA on a GPU the dQ shares are added by the TMA engine (bulk tensor reductions) rather than by
-    every thread; the interpreter has no such reduction, so there only the loads use descriptors.
-    `kernel`: another version of `bwd_onepass_kernel` to launch (ablations, `ab_onepass`)."""
-    Z, H, n_q, n_k, d = _shape(q, k)
-    dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
-    dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
-    dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
-    strides, sizes = _bwd_args(q, k, v, do, L, delta)
-    tma = c.tma1 and tma_ok(q, k, v, do)
-    dq_tma = tma and not interpreting()
-    ins = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
-    dq_arg = _descriptors(dq, None, None, None, c.block_m1, c.block_n1)[0] if dq_tma else dq
-    kernel = kernel or kernels(BWD_ONEPASS).bwd_onepass_kernel
-    kernel[(_cdiv(n_k, c.block_n1), Z * H)](
-        *ins, L, delta, dq_arg, dk, dv, *strides, *sizes,
-        CAUSAL=is_causal, EVEN_N=n_k % c.block_n1 == 0, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
-        BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, TMA=tma, DQ_TMA=dq_tma,
-        NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1), INPUT_PRECISION=dot_precision(q.dtype),
-        num_warps=c.num_warps1, num_stages=c.num_stages1)
-    return dq.to(q.dtype), dk, dv
-
-
 # --8<-- [start:launch_bwd]
 def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
                config: BwdConfig | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV (Z, H, N, d) in the inputs' dtype. L is the forward's fp32 (Z, H, n_q)."""
     Z, H, n_q, n_k, d = _shape(q, k)
-    c = config or cfgs.bwd_config(q.dtype, d, is_causal, Z * H, n_q, n_k)
+    c = config or default_bwd(q.dtype, d)
     delta = launch_preprocess(o, do)
-    if c.gluon_ws:
-        from .onepass_ws import launch_bwd_onepass_ws, ws_supported
-
-        if ws_supported(q, k, v, do, is_causal) is None:
-            return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, c.ws_stages, c.ws_slots, c.ws_dq_regs)
-    if c.one_pass:
-        return launch_bwd_onepass(q, k, v, do, L, delta, is_causal, c)
     if c.fused:
         return launch_bwd_fused(q, k, v, do, L, delta, is_causal, c)
     dk, dv = launch_dkdv(q, k, v, do, L, delta, is_causal, c)

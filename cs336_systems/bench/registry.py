@@ -28,12 +28,24 @@ BENCHMARKS: dict[str, Benchmark] = {
     "checkpointing": Benchmark("cs336_systems.profiling.checkpoint_bench", "xl peak memory and step time per checkpoint block size k"),
     "accumulation": Benchmark("cs336_systems.profiling.mixed_precision", "the four accumulation loops and the autocast dtype table", gpu=False),
     # Attention (docs/attention.md, docs/flash-attention.md)
-    "attention": Benchmark("cs336_systems.attention.pytorch_sweep", "naive attention sweep, eager vs torch.compile"),
+    "attention": Benchmark("cs336_systems.attention.benchmarks.pytorch_sweep", "naive attention sweep, eager vs torch.compile"),
     "attention-oom": Benchmark("cs336_systems.profiling.attention_oom",
                                "the allocator checks of the seq 32768 OOM (reserved peak, max_split_size_mb)"),
-    "flash-leaderboard": Benchmark("cs336_systems.attention.leaderboard", "leaderboard case: ours vs cuDNN/flash/flex/naive"),
-    "flash-sweep": Benchmark("cs336_systems.attention.flash_sweep", "flash_benchmarking grid, ours vs PyTorch"),
-    "flash-host": Benchmark("cs336_systems.attention.host_overhead", "host time per attention call, GPU kept busy"),
+    "flash-leaderboard": Benchmark("cs336_systems.attention.benchmarks.leaderboard", "leaderboard case: ours vs cuDNN/flash/flex/naive"),
+    "flash-sweep": Benchmark("cs336_systems.attention.benchmarks.flash_sweep", "flash_benchmarking grid, ours vs PyTorch"),
+    "flash-host": Benchmark("cs336_systems.attention.benchmarks.host_overhead", "host time per attention call, GPU kept busy"),
+    # The speed work's tuner and A/B experiments (docs/flash-attention/faster-than-cudnn.md): each needs
+    # a GPU and arguments of its own, so `just bench-all` leaves them out (gpu=False)
+    "flash-tune": Benchmark("cs336_systems.attention.fast.tuning.tune",
+                            "(GPU) time launch plans per shape (tune), regenerate the table (write-table)", gpu=False),
+    "flash-ab-dkdv": Benchmark("cs336_systems.attention.fast.experiments.ab_dkdv",
+                               "(GPU) versions of the dK/dV kernel, timed round-robin", gpu=False),
+    "flash-ab-onepass": Benchmark("cs336_systems.attention.fast.experiments.ab_onepass",
+                                  "(GPU) ablations of the one-pass backward, timed round-robin", gpu=False),
+    "flash-reduce-probe": Benchmark("cs336_systems.attention.fast.experiments.reduce_probe",
+                                    "(GPU) the one-pass backward's dQ adds alone: atomics vs TMA vs stores", gpu=False),
+    "flash-onepass-ws": Benchmark("cs336_systems.attention.fast.experiments.ab_onepass_ws",
+                                  "(GPU) the Gluon backward's variants and ablations beside the tuned Triton one", gpu=False),
     # Distributed (docs/collectives.md, ddp.md, sharding.md)
     "collectives": Benchmark("cs336_systems.distributed.collectives_bench", "all-reduce sizes x backends x world sizes", gpu=False),
     "ddp": Benchmark("cs336_systems.distributed.ddp_bench", "the DDP stages vs torch DDP", gpu=False),

@@ -1,15 +1,15 @@
 """The tuner's search space: per kernel, the candidate settings timed for a table key, and the
-configs built from them (`tune` times them; `tune.choose` picks).
+launch plans built from them (`tune` times them; `tune.choose` picks).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import torch
 
-from .configs import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd
+from ...tiles import BwdConfig, FwdConfig, heuristic_bwd, heuristic_fwd
+from ..plans import BwdPlan, FwdPlan, GluonBwdConfig, GluonFwdConfig
 
 
 # --8<-- [start:candidates]
@@ -53,7 +53,7 @@ def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int
 
 def fwd_ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
     """(keys per tile, stages, consumer warpgroups) of the Gluon forward, written for 16-bit inputs
-    with d = 64 (`fwd_ws.fwd_ws_supported`); none elsewhere. Three warpgroups with 128-key tiles spill."""
+    with d = 64 (`gluon.fwd_ws.fwd_ws_supported`); none elsewhere. Three warpgroups with 128-key tiles spill."""
     if dtype == torch.float32 or d != 64:
         return []
     return [(64, 3, 3), (64, 4, 3), (64, 5, 3), (64, 6, 3), (128, 2, 2), (128, 3, 2)]
@@ -61,7 +61,7 @@ def fwd_ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int,
 
 def ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
     """(stages, slots, dQ registers) of the Gluon one-pass backward, written for 16-bit inputs with
-    d = 64 (`onepass_ws.ws_supported`); none elsewhere. The dQ warpgroup's registers trade against
+    d = 64 (`gluon.onepass_ws.ws_supported`); none elsewhere. The dQ warpgroup's registers trade against
     the math warpgroups' (at 96 and more the math spills a few values; at 64 the dQ warpgroup does)."""
     if dtype == torch.float32 or d != 64:
         return []
@@ -69,27 +69,24 @@ def ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int
 # --8<-- [end:candidates]
 
 
-def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False, tma1: bool = False, tma2: bool = False) -> BwdConfig:
+def bwd_from(dkdv: tuple, dq: tuple, fused: bool = False, tma1: bool = False, tma2: bool = False) -> BwdPlan:
     m1, n1, w1, s1 = dkdv
     m2, n2, w2, s2 = dq
-    return BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused, tma1=tma1, tma2=tma2)
+    return BwdPlan(BwdConfig(m1, n1, m2, n2, w1, s1, w2, s2, fused, tma1=tma1, tma2=tma2))
 
 
-def fwd_ws_from(c: tuple, dtype: torch.dtype, d: int) -> FwdConfig:
-    """A Gluon forward candidate; its Triton fields (the heuristic's) are unused, as in `ws_from`."""
-    block_n, stages, warpgroups = c
-    return replace(heuristic_fwd(dtype, d), gluon_ws=True, ws_block_n=block_n, ws_stages=stages,
-                   ws_warpgroups=warpgroups)
+def fwd_ws_from(c: tuple, dtype: torch.dtype, d: int) -> FwdPlan:
+    """A Gluon forward candidate; its Triton tiles (the heuristic's) are unused, as in `ws_from`."""
+    return FwdPlan(heuristic_fwd(dtype, d), GluonFwdConfig(*c))
 
 
-def ws_from(c: tuple, dtype: torch.dtype, d: int) -> BwdConfig:
-    """A Gluon candidate; its Triton fields (the heuristic's) are unused: the table keeps the best
+def ws_from(c: tuple, dtype: torch.dtype, d: int) -> BwdPlan:
+    """A Gluon candidate; its Triton tiles (the heuristic's) are unused: the table keeps the best
     Triton backward's for the inputs the Gluon kernel does not take."""
-    stages, slots, regs = c
-    return replace(heuristic_bwd(dtype, d), gluon_ws=True, ws_stages=stages, ws_slots=slots, ws_dq_regs=regs)
+    return BwdPlan(heuristic_bwd(dtype, d), gluon=GluonBwdConfig(*c))
 
 
-def onepass_from(c: tuple, tma: bool = False) -> BwdConfig:
-    """The *2 fields are unused by the one-pass kernel; they repeat the *1 fields."""
+def onepass_from(c: tuple, tma: bool = False) -> BwdPlan:
+    """The *2 tiles are unused by the one-pass kernel; they repeat the *1 tiles."""
     m, n, w, s = c
-    return BwdConfig(m, n, m, n, w, s, w, s, one_pass=True, tma1=tma)
+    return BwdPlan(BwdConfig(m, n, m, n, w, s, w, s, tma1=tma), one_pass=True)

@@ -1,7 +1,8 @@
 """Launch the warp-specialised forward (`flash_fwd_ws_kernel`, Gluon) and say which inputs it takes.
 
-`launch_fwd` runs it where a table entry says `gluon_ws` (the tuner times it as kernel "fwd_ws"
-beside the Triton forward and picks its settings); other inputs run the Triton forward.
+`fast.launch.launch_fwd` runs it where a plan names a `GluonFwdConfig` (a table entry that says
+`gluon_ws`; the tuner times it as kernel "fwd_ws" beside the Triton forward and picks its settings);
+other inputs run the Triton forward.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .flash_fwd_ws_kernel import fwd_ws_kernel
-    from .flash_launch import _scales
+    from ...flash_launch import _scales
 
     if warpgroups not in (2, 3):
         raise ValueError(f"launch_fwd_ws: warpgroups must be 2 or 3, got {warpgroups}")

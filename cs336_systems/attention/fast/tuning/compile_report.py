@@ -2,25 +2,23 @@
 
 Triton compiles ahead of time for any target: shared memory per program, register spills (local
 memory traffic in the PTX) and whether the tensor-core instructions (wgmma) and asynchronous copies
-(cp.async) are there, all at no device time. `tune` uses `fits` to drop configurations that cannot
-launch (over 227 KB of shared memory) before timing anything.
+(cp.async) are there, all at no device time: `fits` says whether a configuration can launch at all
+(227 KB of shared memory). The command line is a script:
 
-    python -m cs336_systems.attention.compile_report [--dtype bf16] [--d 64] [--causal] [--tuned] [--onepass-candidates]
+    python scripts/attention/compile_report.py [--dtype bf16] [--d 64] [--causal] [--tuned] [--onepass-candidates]
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import re
-import sys
 import time
 
 import torch
 
-from .configs import BwdConfig, FwdConfig
-from .flash_launch import dot_precision
-from .triton_loader import next_power_of_2
+from ...flash_launch import dot_precision
+from ...tiles import BwdConfig, FwdConfig
+from ...triton_loader import next_power_of_2
 
 SMEM_LIMIT = 232448  # bytes a Hopper program may use (227 KB)
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
@@ -72,9 +70,9 @@ def machine_code(cubin: bytes) -> dict:
 
 def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_dim: int, causal: bool) -> dict:
     """Resources of one kernel ('fwd', 'dkdv', 'dq', 'fused' or 'onepass') for one config."""
-    from . import flash_bwd_kernel as B
-    from . import flash_bwd_onepass_kernel as B1
-    from . import flash_fwd_kernel as F
+    from ... import flash_bwd_kernel as B
+    from ... import flash_fwd_kernel as F
+    from .. import flash_bwd_onepass_kernel as B1
 
     p = _PTR[dtype]
     common = dict(CAUSAL=causal, HEAD_DIM=head_dim, HEAD_DIM_PAD=next_power_of_2(max(head_dim, 16)),
@@ -146,39 +144,3 @@ def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_di
         out["red"], out["atom"] = atomics.get("red", 0), atomics.get("atom", 0)
         out["tma_reduce"] = len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", k.asm["ptx"]))
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .configs import heuristic_bwd, heuristic_fwd, heuristic_onepass
-
-    ap = argparse.ArgumentParser(prog="compile_report", description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    ap.add_argument("--d", type=int, default=64)
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--tuned", action="store_true",
-                    help="report the measured table's configs for the leaderboard launch (256 x 16384), not the heuristic ones")
-    ap.add_argument("--onepass-candidates", action="store_true",
-                    help="also compile every one-pass candidate `tune` would time for this dtype and d")
-    args = ap.parse_args(argv)
-    if not 16 <= args.d <= 128:
-        ap.error(f"--d must be in 16..128, got {args.d}")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    fwd, bwd = heuristic_fwd(dtype, next_power_of_2(args.d)), heuristic_bwd(dtype, next_power_of_2(args.d))
-    if args.tuned:
-        from .configs import bwd_config, fwd_config
-
-        fwd = fwd_config(dtype, args.d, args.causal, 256, 16384, 16384)
-        bwd = bwd_config(dtype, args.d, args.causal, 256, 16384, 16384)
-    for kind, config in (("fwd", fwd), ("dkdv", bwd), ("dq", bwd), ("fused", bwd),
-                         ("onepass", heuristic_onepass(dtype, next_power_of_2(args.d)))):
-        print(kind, config, report(kind, config, dtype, args.d, args.causal))
-    if args.onepass_candidates:
-        from .tune_candidates import onepass_candidates, onepass_from
-
-        for c in onepass_candidates(dtype, args.d, wide=True):
-            print("onepass", c, report("onepass", onepass_from(c), dtype, args.d, args.causal))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """One GPU call that does everything, in priority order, inside a time budget.
 
-    python3 -m cs336_systems.attention.device_run --budget-s 420 --steps tune,pytest,leaderboard,sweep
+    python3 scripts/attention/device_run.py --budget-s 420 --steps tune,pytest,leaderboard,sweep
 
 Steps (each a subprocess with its own time limit, so one hang cannot sink the call):
-  tune         measure kernel configs, regenerate tuned_configs.py (used by every later step)
+  tune         measure launch plans, regenerate fast/tuned_configs.py (used by every later step)
   tune-lb      the same, for the leaderboard shape only
   tune-sweep   the same, for the sweep's shapes only
   pytest       the attention tests on the GPU (pytest-xdist), log under results/attention/flash_gpu_tests/
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ..bench.provenance import provenance
-from ..bench.store import REPO_ROOT
+from cs336_systems.bench.provenance import provenance
+from cs336_systems.bench.store import REPO_ROOT
 
 TEST_FILES = ["tests/test_flash_attention.py", "tests/test_onepass_ws.py", "tests/test_fwd_ws.py",
               "tests/test_weighted_sum.py", "tests/test_online_softmax.py", "tests/test_flash_precision.py",
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             rcs[step] = "skipped"
             continue
         if step in ("tune", "tune-lb", "tune-sweep"):
-            cmd = [PY, "-m", "cs336_systems.attention.configs", "tune", "--write"]
+            cmd = [PY, "-m", "cs336_systems.bench", "flash-tune", "tune", "--write"]
             only = {"tune-lb": ["--only", "leaderboard"], "tune-sweep": ["--only", "sweep"]}.get(step, [])
             rcs[step] = _run(cmd + only, min(left(), args.tune_limit_s))
         elif step == "pytest":

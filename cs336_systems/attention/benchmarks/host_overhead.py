@@ -7,7 +7,7 @@ piece of our call path (input checks, tensor descriptors, the Triton launch, aut
 torch.compile around it) is issued many times behind a long `torch.cuda._sleep`, so nothing waits
 on the GPU and the wall time per call is the host's alone.
 
-    python -m cs336_systems.attention.host_overhead [--calls 50] [--rounds 5]
+    just bench flash-host [--calls 50] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -38,16 +38,18 @@ def host_us(fn: Callable[[], object], calls: int) -> float:
 
 def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], object]]:
     """What a forward (and a forward+backward) step runs on the host, piece by piece."""
-    from .configs import fwd_config
-    from .flash_launch import _descriptors, launch_fwd
-    from .flash_triton import FlashAttentionTriton, check_triton_inputs
+    from ..fast import FlashAttentionFast
+    from ..fast.table import lookup_fwd
+    from ..fast.tuned_configs import TUNED
+    from ..flash_launch import _descriptors, launch_fwd
+    from ..flash_triton import check_triton_inputs
     from .leaderboard import make_attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(batch, seq, d, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
                for _ in range(3))
     q4, k4, v4 = (t.detach().unsqueeze(1) for t in (q, k, v))  # (Z, 1, N, d): how the kernels see them
-    tuned = fwd_config(torch.bfloat16, d, True, batch, seq, seq)
+    tuned = lookup_fwd(TUNED, torch.bfloat16, d, True, batch, seq, seq).tiles  # the Triton launch's tiles
     ours, cudnn = make_attention("ours", heads), make_attention("cudnn", heads)
 
     def step(f):
@@ -58,7 +60,7 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
     return {
         "cudnn: forward": lambda: cudnn(q, k, v),
         "ours: forward (torch.compile(Fn.apply), the leaderboard's call)": lambda: ours(q, k, v),
-        "ours: forward (Fn.apply, eager)": lambda: FlashAttentionTriton.apply(q, k, v, True),
+        "ours: forward (Fn.apply, eager)": lambda: FlashAttentionFast.apply(q, k, v, True),
         "ours: input checks": lambda: check_triton_inputs(q, k, v, True),
         "ours: launch_fwd, TMA loads": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=True)),
         "ours: launch_fwd, pointers": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=False)),
@@ -69,7 +71,7 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench.cli import Parser, at_least, open_store
+    from cs336_systems.bench.cli import Parser, at_least, open_store
 
     ap = Parser(prog="host_overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=at_least(1), default=16)

@@ -11,7 +11,7 @@ as a module, and times them round-robin in one process (as `ab_dkdv` does for th
     no_dq     neither the dQ matmul nor the add (the dK/dV pass's work, in this kernel's loop)
     dp_first  dP^T = V dO^T issued before the exponentials, as the two-pass dK/dV kernel does
 
-    python -m cs336_systems.attention.ab_onepass --configs 64,64,4,3 --rounds 3
+    just bench flash-ab-onepass --configs 64,64,4,3 --rounds 3
 
 Each version's dK and dV are checked against the two-pass backward before timing (and dQ too for
 the versions that still compute it all). Rows go to results/attention/onepass_ab/<device>.jsonl.
@@ -19,17 +19,25 @@ the versions that still compute it all). Rows go to results/attention/onepass_ab
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import torch
 
-KERNEL_FILE = Path(__file__).with_name("flash_bwd_onepass_kernel.py")
+from cs336_systems.bench.cli import Parser, open_store
+
+from ..launch import launch_bwd_onepass
+from ..table import dtype_name
+from ..tuning.problem import prepare, rel_err
+from .harness import add_checked, add_run_args, int_tuples, load_variant, require_gpu, time_round_robin
+
+BENCH = "attention/onepass_ab"
+KEY = ["run", "round", "variant", "block_m1", "block_n1", "num_warps1", "num_stages1", "tma"]
+KERNEL_FILE = Path(__file__).parents[1] / "flash_bwd_onepass_kernel.py"
+VARIANT_PACKAGE = "cs336_systems.attention.fast"  # where the kernel file lives: its relative imports resolve
 DQ_LINE = "        dq = tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION) * sm_scale"
 ADD_START = "        if DQ_TMA:"
 ADD_END = "    return dk, dv\n"
@@ -67,35 +75,29 @@ def variant_source(name: str, source: str) -> str:
 
 
 def load_variants(names: list[str], workdir: Path) -> dict:
-    """Each variant's kernel module (written to `workdir`, imported under this package)."""
-    from .ab_dkdv import load_variant
-
+    """Each variant's kernel module (written to `workdir`, imported beside the committed kernel)."""
     source = KERNEL_FILE.read_text()
     mods = {}
     for name in names:
         path = workdir / f"onepass_{name}.py"
         path.write_text(variant_source(name, source))
-        mods[name] = load_variant(f"onepass_{name}", path)
+        mods[name] = load_variant(f"onepass_{name}", path, VARIANT_PACKAGE)
     return mods
 
 
 def onepass_runner(kernel, q, k, v, do, L, delta, block_m, block_n, warps, stages, tma):
-    """A closure launching `kernel` exactly as `flash_launch.launch_bwd_onepass` does."""
-    from .configs import BwdConfig
-    from .flash_launch import launch_bwd_onepass
+    """A closure launching `kernel` exactly as `launch.launch_bwd_onepass` does."""
+    from ...tiles import BwdConfig
 
-    c = BwdConfig(block_m, block_n, block_m, block_n, warps, stages, warps, stages, one_pass=True, tma1=tma)
+    c = BwdConfig(block_m, block_n, block_m, block_n, warps, stages, warps, stages, tma1=tma)
     return lambda: launch_bwd_onepass(q, k, v, do, L, delta, True, c, kernel=kernel)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench.store import ResultStore
-    from .ab_dkdv import add_run_args, int_tuples, require_gpu, time_round_robin
-    from .configs import BwdConfig, dtype_name
-    from .flash_launch import launch_dkdv, launch_dq, tma_ok
-    from .tune import _prepare, _rel_err
+    from ...flash_launch import launch_dkdv, launch_dq, tma_ok
+    from ...tiles import BwdConfig
 
-    ap = argparse.ArgumentParser(prog="ab_onepass", description=__doc__.splitlines()[0])
+    ap = Parser(prog="flash-ab-onepass", description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--configs", nargs="+", default=["64,64,4,3"], metavar="M,N,WARPS,STAGES",
                     help="one-pass tilings (block_m1, block_n1, warps, stages)")
@@ -104,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     configs = int_tuples(ap, "--configs", args.configs, "M,N,WARPS,STAGES")
     require_gpu(ap)
+    store = open_store(ap, BENCH, KEY, root=args.results_dir)
 
-    q, k, v, do, _o, L, delta = state = _prepare(args.Z, args.seq, args.d, DTYPE)
+    q, k, v, do, _o, L, delta = state = prepare(args.Z, args.seq, args.d, DTYPE)
     ref = BwdConfig(64, 64, 64, 64, 4, 2, 4, 2)
     want_dq = launch_dq(q, k, v, do, L, delta, True, ref)
     want_dkdv = launch_dkdv(q, k, v, do, L, delta, True, ref)
@@ -117,19 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         for (name, mod), (m, n, w, s), tma in itertools.product(mods.items(), configs, tmas):
             cell = dict(variant=name, block_m1=m, block_n1=n, num_warps1=w, num_stages1=s, tma=tma)
             fn = onepass_runner(mod.bwd_onepass_kernel, q, k, v, do, L, delta, m, n, w, s, tma)
-            t0 = time.perf_counter()
-            dq, dk, dv = fn()  # compiles
-            err = _rel_err((dk, dv), want_dkdv)
-            if name in ("full", "dp_first"):
-                err = max(err, _rel_err(dq, want_dq))
-            print(f"[ab] compiled {cell} in {time.perf_counter() - t0:.1f} s, rel err {err:.2e}", flush=True)
-            if not err < 3e-2:
-                raise SystemExit(f"[ab] {cell} is wrong (rel err {err:.3g}); not timing it")
-            cells[tuple(cell.items())] = (fn, err)
+
+            def error(grads, with_dq=name in ("full", "dp_first")):  # the versions that still compute dQ
+                dq, dk, dv = grads
+                return max(rel_err((dk, dv), want_dkdv), rel_err(dq, want_dq) if with_dq else 0.0)
+            add_checked(cells, cell, fn, error)
         del state
-        store = ResultStore("attention/onepass_ab", key=["run", "round", "variant", "block_m1", "block_n1",
-                                                         "num_warps1", "num_stages1", "tma"],
-                            root=args.results_dir)
         time_round_robin(cells, store, args.rounds, args.rep_ms, {"Z": args.Z, "seq": args.seq, "d": args.d,
                                                                   "dtype": dtype_name(DTYPE)})
     return 0

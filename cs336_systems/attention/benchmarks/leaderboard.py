@@ -5,7 +5,7 @@
 q, k, v of shape (16, 16384, 64) bf16 (16 heads folded into batch), causal. Each implementation's
 step is the leaderboard's: `o = f(q, k, v, True); o.sum().backward()`, timed with
 `triton.testing.do_bench(step, rep=10000, warmup=1000)` (its mean, ms, and separately the median);
-then the forward alone. Ours goes through `torch.compile(FlashAttentionTriton.apply)` exactly as the
+then the forward alone. Ours goes through `torch.compile(FlashAttentionFast.apply)` exactly as the
 leaderboard calls it. Before anything is timed our output and gradients are checked against SDPA's
 cuDNN backend (a fast wrong kernel is a failure, not a result). Rows go to
 results/attention/flash_leaderboard/<device>.jsonl, one per (implementation, mode) and run, with
@@ -22,11 +22,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..bench.cli import Parser, at_least, csv_of, open_store, positive
-from ..bench.sweep import exit_code, free_memory, is_oom
-from ..bench.timing import gpu_bench
-from ..profiling.clocks import ClockSampler
-from .flops import attention_flops, tflops
+from cs336_systems.bench.cli import Parser, at_least, csv_of, open_store, positive
+from cs336_systems.bench.sweep import exit_code, free_memory, is_oom
+from cs336_systems.bench.timing import gpu_bench
+from cs336_systems.profiling.clocks import ClockSampler
+
+from ..flops import attention_flops, tflops
 
 BENCH = "attention/flash_leaderboard"
 IMPLS = ("cudnn", "ours", "flash", "flex", "naive")  # cuDNN first: every ratio refers to it
@@ -42,9 +43,9 @@ def make_attention(impl: str, heads: int) -> Callable:
         return t.view(-1, heads, *t.shape[1:])
 
     if impl == "ours":
-        from .flash_triton import FlashAttentionTriton
+        from ..fast import FlashAttentionFast
 
-        compiled = torch.compile(FlashAttentionTriton.apply)  # the leaderboard's own call
+        compiled = torch.compile(FlashAttentionFast.apply)  # the leaderboard's own call
         return lambda q, k, v: compiled(q, k, v, True)
     if impl in ("cudnn", "flash"):
         backend = SDPBackend.CUDNN_ATTENTION if impl == "cudnn" else SDPBackend.FLASH_ATTENTION
@@ -66,7 +67,7 @@ def make_attention(impl: str, heads: int) -> Callable:
             return flex(as4d(q), as4d(k), as4d(v), block_mask=masks[n]).flatten(0, 1)
         return flex_step
     if impl == "naive":
-        from .reference import naive_attention
+        from ..reference import naive_attention
 
         compiled = torch.compile(naive_attention)
         return lambda q, k, v: compiled(q, k, v, True)

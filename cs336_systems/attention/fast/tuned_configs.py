@@ -1,5 +1,5 @@
-"""Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with
-`python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).
+"""Launch plans chosen by measurement (`plans.fwd_plan` / `bwd_plan` read an entry). GENERATED:
+do not edit; regenerate with `just bench flash-tune write-table` (or re-measure with `tune`).
 
 Source: attention/flash_tune/nvidia-h200.jsonl (code at git 046bb7a0ebb2, 20201d038c9c, 5f471cef2641, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, df107f57b502, ea5a58f90003, fa876024134e).
 """

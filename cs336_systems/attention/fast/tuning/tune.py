@@ -1,7 +1,7 @@
 """Choose tile sizes / warps / stages for the FlashAttention-2 kernels by measurement.
 
-    python -m cs336_systems.attention.configs tune [--only leaderboard|sweep] [--write]
-    python -m cs336_systems.attention.configs write-table
+    just bench flash-tune tune [--only leaderboard|sweep] [--kinds ...] [--write]
+    just bench flash-tune write-table
 
 For each table key (dtype, padded head dim, causal, size class) at a representative shape, every
 candidate of each kernel (forward, dK/dV pass, dQ pass, one-pass backward, the Gluon forward and
@@ -11,13 +11,14 @@ configuration's output (the backward ones against the two-pass backward), and ti
 with do_bench (median). A single short timing can be moved a few percent by when it ran (the
 GPU's clock follows its power and temperature), so the fastest few of each kernel are then timed
 again in interleaved rounds and ranked by their median (`confirm`). Rows go to
-results/attention/flash_tune/<device>.jsonl; `write-table` turns the latest run of each (key,
-kernel) into `tuned_configs.py`, the table the kernels use (`--kinds` re-times some kernels only).
+results/attention/flash_tune/<device>.jsonl (each candidate's launch plan as its flat fields,
+`plans.fwd_fields` / `bwd_fields`); `write-table` turns the latest run of each (key, kernel) into
+`fast/tuned_configs.py`, the table `FlashAttentionFast` looks shapes up in (`--kinds` re-times some
+kernels only).
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import itertools
 import json
@@ -27,22 +28,26 @@ import pprint
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ..bench.store import ResultStore
-from .configs import BwdConfig, heuristic_bwd, heuristic_fwd, table_key
+from cs336_systems.bench.cli import Parser
+from cs336_systems.bench.store import ResultStore
+
+from ...tiles import BwdConfig, heuristic_bwd, heuristic_fwd
+from ..plans import BwdPlan, FwdPlan, bwd_fields, fwd_fields
+from ..table import table_key
+from . import problem
 from .tune_candidates import (bwd_from, dkdv_candidates, dq_candidates, fwd_candidates, fwd_ws_candidates,  # noqa: F401
                               fwd_ws_from, onepass_candidates, onepass_from, ws_candidates, ws_from)
 
 BENCH = "attention/flash_tune"
-TABLE_PATH = Path(__file__).with_name("tuned_configs.py")
+TABLE_PATH = Path(__file__).parents[1] / "tuned_configs.py"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CONFIRM_TOP, CONFIRM_ROUNDS = 4, 3  # re-timed candidates per kernel, interleaved rounds
 TMA = (False, True)  # tile loads by pointers, or by tensor descriptors (flash_launch.tma_ok decides if usable)
-DEVICE = "cuda"  # a dry run of the whole flow on the CPU interpreter sets "cpu" (tests do)
 KINDS = ("fwd", "fwd_ws", "dkdv", "dq", "onepass", "ws", "fused")
 
 
@@ -64,48 +69,40 @@ def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
 
 # -- work done for one candidate, in a worker (precompile) or in the timing process -------------
 
-def _inputs(Z: int, N: int, d: int, dtype: torch.dtype, seed: int = 0):
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    q, k, v, do = (torch.randn(Z, 1, N, d, device=DEVICE, dtype=dtype, generator=g) for _ in range(4))
-    return q, k, v, do
+def _fields(kind: str, plan) -> dict:
+    """A candidate's plan as its result row stores it."""
+    return fwd_fields(plan) if kind in ("fwd", "fwd_ws") else bwd_fields(plan)
 
 
-def _prepare(Z, N, d, dtype):
-    from .flash_launch import launch_fwd, launch_preprocess
-
-    q, k, v, do = _inputs(Z, N, d, dtype)
-    o, L = launch_fwd(q, k, v, True, heuristic_fwd(dtype, d))
-    return q, k, v, do, o, L, launch_preprocess(o, do)
-
-
-def _runner(kind: str, config, state):
-    from .flash_launch import launch_bwd_fused, launch_bwd_onepass, launch_dkdv, launch_dq, launch_fwd
-    from .fwd_ws import launch_fwd_ws
-    from .onepass_ws import launch_bwd_onepass_ws
+def _runner(kind: str, plan, state):
+    from ...flash_launch import launch_bwd_fused, launch_dkdv, launch_dq, launch_fwd
+    from ..gluon.fwd_ws import launch_fwd_ws
+    from ..gluon.onepass_ws import launch_bwd_onepass_ws
+    from ..launch import launch_bwd_onepass
 
     q, k, v, do, o, L, delta = state
+    c, g = plan.tiles, plan.gluon
     if kind == "fwd":
-        return lambda: launch_fwd(q, k, v, True, config)[0]
+        return lambda: launch_fwd(q, k, v, True, c)[0]
     if kind == "fwd_ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
-        return lambda: launch_fwd_ws(q, k, v, True, config.ws_block_n, config.ws_stages, config.ws_warpgroups)[0]
+        return lambda: launch_fwd_ws(q, k, v, True, g.block_n, g.stages, g.warpgroups)[0]
     if kind == "dkdv":
-        return lambda: launch_dkdv(q, k, v, do, L, delta, True, config)
+        return lambda: launch_dkdv(q, k, v, do, L, delta, True, c)
     if kind == "dq":
-        return lambda: launch_dq(q, k, v, do, L, delta, True, config)
+        return lambda: launch_dq(q, k, v, do, L, delta, True, c)
     if kind == "onepass":  # dQ, dK, dV (with the zeroing and the cast of the fp32 dQ buffer)
-        return lambda: launch_bwd_onepass(q, k, v, do, L, delta, True, config)
+        return lambda: launch_bwd_onepass(q, k, v, do, L, delta, True, c)
     if kind == "ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
-        return lambda: launch_bwd_onepass_ws(q, k, v, do, L, delta, True, config.ws_stages, config.ws_slots,
-                                             config.ws_dq_regs)
-    return lambda: launch_bwd_fused(q, k, v, do, L, delta, True, config)
+        return lambda: launch_bwd_onepass_ws(q, k, v, do, L, delta, True, g.stages, g.slots, g.dq_regs)
+    return lambda: launch_bwd_fused(q, k, v, do, L, delta, True, c)
 
 
 def _compile_job(job: tuple) -> str | None:
     """Run one candidate once (in a worker): compiles it into Triton's on-disk cache."""
     kind, config, Z, N, d, dt = job
     try:
-        _runner(kind, config, _prepare(Z, N, d, DTYPES[dt]))()
-        if DEVICE == "cuda":
+        _runner(kind, config, problem.prepare(Z, N, d, DTYPES[dt]))()
+        if problem.DEVICE == "cuda":
             torch.cuda.synchronize()
         return None
     except Exception as exc:  # noqa: BLE001 - reported per candidate
@@ -122,19 +119,14 @@ def precompile(pool: cf.Executor | None, jobs: list[tuple]) -> dict[tuple, str |
     return {j: by_identity[identity(j)] for j in jobs}
 
 
-def _rel_err(a, b) -> float:
-    a, b = (t.float() if isinstance(t, torch.Tensor) else torch.cat([x.float().flatten() for x in t]) for t in (a, b))
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
 def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: int, dt: str, wide: bool,
                     kind: str, configs: list, errors: dict) -> list[tuple[float, object]]:
     """Check each compiled candidate against the heuristic config's result, then time it."""
-    from ..bench.timing import gpu_bench
+    from cs336_systems.bench.timing import gpu_bench
 
     dtype = DTYPES[dt]
-    state = _prepare(Z, N, d, dtype)
-    base = heuristic_fwd(dtype, d) if kind in ("fwd", "fwd_ws") else heuristic_bwd(dtype, d)
+    state = problem.prepare(Z, N, d, dtype)
+    base = FwdPlan(heuristic_fwd(dtype, d)) if kind in ("fwd", "fwd_ws") else BwdPlan(heuristic_bwd(dtype, d))
     if kind == "fwd_ws":  # checked against the Triton forward
         want = _runner("fwd", base, state)()
     elif kind in ("onepass", "ws"):  # checked against the two-pass (dQ, dK, dV), not against itself
@@ -144,14 +136,14 @@ def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: i
     tol = 1e-2 if dtype == torch.float32 else 3e-2
     results = []
     for config in configs:
-        cfg = {"key": key, "kernel": kind, "config": asdict(config), "run": run, "Z": Z, "seq": N, "d": d, "dtype": dt}
+        cfg = {"key": key, "kernel": kind, "config": _fields(kind, config), "run": run, "Z": Z, "seq": N, "d": d, "dtype": dt}
         error = errors[(kind, config, Z, N, d, dt)]
         if error:
             store.append(cfg, status="unsupported", error=error)
             continue
         fn = _runner(kind, config, state)
         try:
-            err = _rel_err(fn(), want)
+            err = problem.rel_err(fn(), want)
         except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at launch
             store.append(cfg, status="unsupported", error=f"{type(exc).__name__}: {exc}")
             continue
@@ -168,19 +160,19 @@ def confirm(store: ResultStore, run: str, key: str, Z: int, N: int, d: int, dt: 
             ranked: list[tuple[float, object]]) -> list[tuple[float, object]]:
     """Time the fastest CONFIRM_TOP candidates again, round-robin over CONFIRM_ROUNDS rounds (so a
     drift in clocks hits each alike), and rank them by their median; the rest keep their order."""
-    from ..bench.timing import gpu_bench
+    from cs336_systems.bench.timing import gpu_bench
 
     top = [c for _, c in ranked[:CONFIRM_TOP]]
     if len(top) < 2:
         return ranked
-    state = _prepare(Z, N, d, DTYPES[dt])
+    state = problem.prepare(Z, N, d, DTYPES[dt])
     runners = [_runner(kind, c, state) for c in top]
     times: list[list[float]] = [[] for _ in top]
     for r in range(CONFIRM_ROUNDS):
         for c, fn, ts in zip(top, runners, times):
             ms = gpu_bench(fn, warmup_ms=10, rep_ms=60 if wide else 30)
             ts.append(ms)
-            store.append({"key": key, "kernel": kind, "config": asdict(c), "run": run, "Z": Z, "seq": N, "d": d,
+            store.append({"key": key, "kernel": kind, "config": _fields(kind, c), "run": run, "Z": Z, "seq": N, "d": d,
                           "dtype": dt, "phase": "confirm", "round": r}, {"ms": ms})
     confirmed = sorted(((statistics.median(ts), c) for c, ts in zip(top, times)), key=lambda mc: mc[0])
     return confirmed + ranked[CONFIRM_TOP:]
@@ -195,7 +187,7 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
     for key, Z, N, d, dt, wide in shapes:
         dtype = DTYPES[dt]
         cands = {
-            "fwd": [replace(c, tma=t) for c in fwd_candidates(dtype, d, wide) for t in TMA],
+            "fwd": [FwdPlan(replace(c, tma=t)) for c in fwd_candidates(dtype, d, wide) for t in TMA],
             "fwd_ws": [fwd_ws_from(c, dtype, d) for c in fwd_ws_candidates(dtype, d, wide)],
             # each tiling with pointer loads and with TMA descriptors (Hopper)
             "dkdv": [bwd_from(c, (64, 32, 4, 2), tma1=t) for c in dkdv_candidates(dtype, d, wide) for t in TMA],
@@ -219,11 +211,12 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
         if "fused" in kinds and best.get("dkdv") and best.get("dq"):
             # One launch takes the larger shared memory and register count of its two programs, so
             # besides the two fastest dQ tiles try the fastest small one (lets more programs share an SM).
-            dq_pool = [b for _, b in best["dq"][:2]]
-            dq_pool += [b for _, b in best["dq"] if b.block_m2 <= 64 and b not in dq_pool][:1]
-            fused = [BwdConfig(a.block_m1, a.block_n1, b.block_m2, b.block_n2, a.num_warps1, a.num_stages1,
-                               a.num_warps1, a.num_stages1, True, tma1=a.tma1, tma2=b.tma2)
-                     for (_, a), b in itertools.product(best["dkdv"][:2], dq_pool)]
+            dq_pool = [b.tiles for _, b in best["dq"][:2]]
+            dq_pool += [b.tiles for _, b in best["dq"] if b.tiles.block_m2 <= 64 and b.tiles not in dq_pool][:1]
+            dkdv_pool = [a.tiles for _, a in best["dkdv"][:2]]
+            fused = [BwdPlan(BwdConfig(a.block_m1, a.block_n1, b.block_m2, b.block_n2, a.num_warps1, a.num_stages1,
+                                       a.num_warps1, a.num_stages1, True, tma1=a.tma1, tma2=b.tma2))
+                     for a, b in itertools.product(dkdv_pool, dq_pool)]
             fused_plans.append((key, Z, N, d, dt, wide, fused))
     jobs = [("fused", c, Z, N, d, dt) for _, Z, N, d, dt, _, cs in fused_plans for c in cs]
     errors = precompile(pool, jobs)
@@ -296,8 +289,8 @@ def write_table(rows: list[dict], source: str) -> Path:
     table = choose(rows)
     gits = sorted({r.get("git", "?") for r in rows if r.get("status") == "ok"})
     TABLE_PATH.write_text(
-        '"""Tile configurations chosen by measurement. GENERATED: do not edit; regenerate with\n'
-        "`python -m cs336_systems.attention.configs write-table` (or re-measure with `tune`).\n\n"
+        '"""Launch plans chosen by measurement (`plans.fwd_plan` / `bwd_plan` read an entry). GENERATED:\n'
+        "do not edit; regenerate with `just bench flash-tune write-table` (or re-measure with `tune`).\n\n"
         f"Source: {source} (code at git {', '.join(gits)}).\n"
         '"""\n\n'
         f"TUNED = {pprint.pformat(table, width=110, sort_dicts=True)}\n")
@@ -305,7 +298,7 @@ def write_table(rows: list[dict], source: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cs336_systems.attention.configs")
+    ap = Parser(prog="flash-tune", description="measure launch plans on this GPU, or regenerate the table")
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("tune", help="measure candidates on this GPU")
     t.add_argument("--only", choices=["leaderboard", "sweep"], default=None)
@@ -314,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
                    help="re-time only these kernels (the table keeps each other kernel's latest run)")
     t.add_argument("--results-dir", default=None)
-    w = sub.add_parser("write-table", help="regenerate tuned_configs.py from stored measurements")
+    w = sub.add_parser("write-table", help="regenerate fast/tuned_configs.py from stored measurements")
     w.add_argument("--results-dir", default=None)
     w.add_argument("--device", default="nvidia-h200")
     args = ap.parse_args(argv)

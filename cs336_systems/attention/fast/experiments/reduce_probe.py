@@ -7,7 +7,7 @@ cost (L2 reductions) from the kernel's (staging, barriers):
 
     grid (key tiles, Z*H); program t adds a tile into each query tile at or after its diagonal
 
-    python -m cs336_systems.attention.reduce_probe          # leaderboard shape, 64- and 128-key tiles
+    just bench flash-reduce-probe          # leaderboard shape, 64- and 128-key tiles
 
 Ways of adding, each timed (do_bench, median) and reported as GB/s of fp32 added:
     atomics   every thread `tl.atomic_add`s its elements (red.global)
@@ -19,13 +19,18 @@ Rows go to results/attention/reduce_probe/<device>.jsonl.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 import triton
 import triton.language as tl
 
+from cs336_systems.bench.cli import Parser, open_store
+
+from .harness import int_tuples
+
+BENCH = "attention/reduce_probe"
+KEY = ["mode", "block_m", "block_n", "bh", "seq", "d"]
 MODES = ("atomics", "tma", "store")
 
 
@@ -49,12 +54,19 @@ def dq_adds_kernel(DQ, n_queries, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                 tl.store(ptrs, share)
 
 
+def tiles_problem(seq: int, block_m: int, block_n: int) -> str | None:
+    """Why these tiles cannot cover dQ exactly (the kernel has no masks), or None."""
+    if seq % block_m or block_n % block_m:
+        return f"seq ({seq}) and BLOCK_N ({block_n}) must be multiples of BLOCK_M ({block_m})"
+    return None
+
+
 def run_probe(bh: int, seq: int, d: int, block_m: int, block_n: int, mode: str, num_warps: int = 4,
               device: str = "cuda"):
     """(launch closure, the dQ buffer it adds into, bytes of fp32 one launch adds). The kernel has
     no masks, like the one-pass kernel's main loop: every share must lie inside dQ."""
-    if seq % block_m or block_n % block_m:
-        raise ValueError(f"reduce_probe: seq ({seq}) and BLOCK_N ({block_n}) must be multiples of BLOCK_M ({block_m})")
+    if (why := tiles_problem(seq, block_m, block_n)) is not None:
+        raise ValueError(f"reduce_probe: {why}")
     dq = torch.zeros((bh, seq, d), dtype=torch.float32, device=device)
     arg = dq
     if mode == "tma":
@@ -72,11 +84,9 @@ def run_probe(bh: int, seq: int, d: int, block_m: int, block_n: int, mode: str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..bench.store import ResultStore
-    from ..bench.timing import gpu_bench
-    from .ab_dkdv import int_tuples
+    from cs336_systems.bench.timing import gpu_bench
 
-    ap = argparse.ArgumentParser(prog="reduce_probe", description=__doc__.splitlines()[0])
+    ap = Parser(prog="flash-reduce-probe", description=__doc__.splitlines()[0])
     ap.add_argument("--bh", type=int, default=16, help="batch x heads (the leaderboard: 16)")
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--d", type=int, default=64)
@@ -86,15 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     tiles = int_tuples(ap, "--tiles", args.tiles, "BLOCK_M,BLOCK_N")
+    for block_m, block_n in tiles:
+        if (why := tiles_problem(args.seq, block_m, block_n)) is not None:
+            ap.error(f"--tiles: {why}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (this times global-memory reductions)")
-    store = ResultStore("attention/reduce_probe", key=["mode", "block_m", "block_n", "bh", "seq", "d"],
-                        root=args.results_dir)
+    store = open_store(ap, BENCH, KEY, root=args.results_dir)
     for (block_m, block_n), mode in ((t, m) for t in tiles for m in args.modes):
-        try:
-            fn, _, nbytes = run_probe(args.bh, args.seq, args.d, block_m, block_n, mode)
-        except ValueError as exc:
-            ap.error(f"--tiles: {exc}")
+        fn, _, nbytes = run_probe(args.bh, args.seq, args.d, block_m, block_n, mode)
         fn()
         ms = gpu_bench(fn, warmup_ms=25, rep_ms=200)
         cell = dict(mode=mode, block_m=block_m, block_n=block_n, bh=args.bh, seq=args.seq, d=args.d)

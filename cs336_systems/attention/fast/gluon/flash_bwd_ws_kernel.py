@@ -1,6 +1,6 @@
 """The one-pass FlashAttention-2 backward in Gluon, with dQ's matmul and adds moved off the math
 warps (warp specialisation): the backward of the table entries that say `gluon_ws` (the tuner
-times it as kernel "ws"); `onepass_ws.py` launches, checks and ablates it.
+times it as kernel "ws"); `onepass_ws.py` launches it, `experiments/ab_onepass_ws.py` ablates it.
 
 Why: `ab_onepass` and `reduce_probe` showed that the one-pass kernel's dQ adds (8.6 GB of fp32 at
 the leaderboard shape with 64-key tiles, ~2.4 ms alone) overlap the math only partly when the warps

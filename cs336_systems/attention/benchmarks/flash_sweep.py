@@ -20,15 +20,15 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from ..bench.cli import Parser, at_least, csv_of, open_store, positive
-from ..bench.store import ResultStore
-from ..bench.sweep import exit_code, run_sweep
-from ..bench.timing import gpu_bench
-from .flops import MODES, attention_flops, tflops
+from cs336_systems.bench.cli import Parser, at_least, csv_of, open_store, positive
+from cs336_systems.bench.store import ResultStore
+from cs336_systems.bench.sweep import exit_code, run_sweep
+from cs336_systems.bench.timing import gpu_bench
+
+from ..flops import MODES, attention_flops, tflops
 
 BENCH = "attention/flash_sweep"
 KEY = ["impl", "dtype", "d", "seq", "mode"]
@@ -51,16 +51,16 @@ def skip_reason(impl: str, dtype: str, seq: int) -> str | None:
 
 def attention_fn(impl: str):
     """f(q, k, v) -> o, causal, for (1, seq, d) inputs."""
-    if impl == "triton":
-        from .flash_triton import FlashAttentionTriton
+    if impl == "triton":  # the tuned plans: the Function the leaderboard times
+        from ..fast import FlashAttentionFast
 
-        return lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True)
+        return lambda q, k, v: FlashAttentionFast.apply(q, k, v, True)
     if impl == "pytorch":
-        from .flash_pytorch import FlashAttentionPyTorchCompiled
+        from ..flash_pytorch import FlashAttentionPyTorchCompiled
 
         return lambda q, k, v: FlashAttentionPyTorchCompiled.apply(q, k, v, True)
     if impl == "naive":
-        from .reference import naive_attention
+        from ..reference import naive_attention
 
         return lambda q, k, v: naive_attention(q, k, v, True)
     if impl == "sdpa":
@@ -97,10 +97,10 @@ def _warm_triton(job: tuple) -> str | None:
     """Compile (into Triton's disk cache) the kernels one grid point uses: forward and backward."""
     dt, d, n = job
     try:
-        from .flash_triton import FlashAttentionTriton
+        from ..fast import FlashAttentionFast
 
         q, k, v = (torch.randn(1, n, d, device="cuda", dtype=DTYPES[dt], requires_grad=True) for _ in range(3))
-        FlashAttentionTriton.apply(q, k, v, True).sum().backward()
+        FlashAttentionFast.apply(q, k, v, True).sum().backward()
         torch.cuda.synchronize()
         return None
     except Exception as exc:  # noqa: BLE001
@@ -108,7 +108,7 @@ def _warm_triton(job: tuple) -> str | None:
 
 
 def precompile_triton(dtypes, dims, seqs, workers: int) -> None:
-    from .configs import size_class
+    from ..fast.table import size_class
 
     jobs = {(dt, d, size_class(1, n, n)): (dt, d, n) for dt, d, n in itertools.product(dtypes, dims, seqs)}
     start = time.perf_counter()
@@ -141,7 +141,7 @@ def run(args) -> int:
     for impl in args.impls:  # in priority order: what is left at the deadline resumes next run
         for dt, d in itertools.product(args.dtypes, args.dims):
             if time.monotonic() > deadline:
-                print(f"[flash-sweep] --max-minutes reached; rerun to resume", file=sys.stderr)
+                print("[flash-sweep] --max-minutes reached; rerun to resume", file=sys.stderr)
                 return exit_code(written, BENCH)
             written += run_sweep(store, [c for c in grid if (c["impl"], c["dtype"], c["d"]) == (impl, dt, d)],
                                  measure, desc=f"{impl} {dt} d={d}")

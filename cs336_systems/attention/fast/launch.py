@@ -1,0 +1,74 @@
+"""Host side of the speed work: run a launch plan on the teaching path's kernels or the faster ones.
+
+`launch_fwd` / `launch_bwd` take a plan (`plans.py`, usually looked up in the tuned table): the
+Gluon kernel where the plan names one and the inputs qualify, else the one-pass backward where
+the plan says so, else the teaching path's launchers with the plan's tiles. Same tensor contract
+as `flash_launch`: 4-D (Z, H, N, d) inputs with a unit last stride, contiguous results.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import flash_launch
+from ..flash_launch import _bwd_args, _cdiv, _descriptors, _no_tail, _shape, dot_precision, launch_preprocess, tma_ok
+from ..tiles import BwdConfig
+from ..triton_loader import interpreting, kernels, next_power_of_2
+from .plans import BwdPlan, FwdPlan
+
+BWD_ONEPASS = "cs336_systems.attention.fast.flash_bwd_onepass_kernel"
+
+
+def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, plan: FwdPlan) -> tuple[Tensor, Tensor]:
+    """O (Z, H, n_q, d) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp."""
+    _shape(q, k)  # the checks every launcher starts with, before a Gluon launch too
+    if plan.gluon is not None:
+        from .gluon.fwd_ws import fwd_ws_supported, launch_fwd_ws
+
+        g = plan.gluon
+        if fwd_ws_supported(q, k, v, g.block_n) is None:
+            return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups)
+    return flash_launch.launch_fwd(q, k, v, is_causal, plan.tiles)
+
+
+def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
+               plan: BwdPlan) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV (Z, H, N, d) in the inputs' dtype. L is the forward's fp32 (Z, H, n_q)."""
+    _shape(q, k)
+    if plan.gluon is not None:
+        from .gluon.onepass_ws import launch_bwd_onepass_ws, ws_supported
+
+        if ws_supported(q, k, v, do, is_causal) is None:
+            g = plan.gluon
+            delta = launch_preprocess(o, do)
+            return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots, g.dq_regs)
+    if plan.one_pass:
+        return launch_bwd_onepass(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.tiles)
+    return flash_launch.launch_bwd(q, k, v, o, L, do, is_causal, plan.tiles)
+
+
+def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig, kernel=None
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from one pass over the key tiles (block_m1, block_n1, warps1, stages1, tma1). dQ is
+    summed in an fp32 buffer with atomics (order not deterministic), then cast to q's dtype. With
+    TMA on a GPU the dQ shares are added by the TMA engine (bulk tensor reductions) rather than by
+    every thread; the interpreter has no such reduction, so there only the loads use descriptors.
+    `kernel`: another version of `bwd_onepass_kernel` to launch (ablations, `ab_onepass`)."""
+    Z, H, n_q, n_k, d = _shape(q, k)
+    dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
+    dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
+    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    tma = c.tma1 and tma_ok(q, k, v, do)
+    dq_tma = tma and not interpreting()
+    ins = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
+    dq_arg = _descriptors(dq, None, None, None, c.block_m1, c.block_n1)[0] if dq_tma else dq
+    kernel = kernel or kernels(BWD_ONEPASS).bwd_onepass_kernel
+    kernel[(_cdiv(n_k, c.block_n1), Z * H)](
+        *ins, L, delta, dq_arg, dk, dv, *strides, *sizes,
+        CAUSAL=is_causal, EVEN_N=n_k % c.block_n1 == 0, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
+        BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, TMA=tma, DQ_TMA=dq_tma,
+        NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1), INPUT_PRECISION=dot_precision(q.dtype),
+        num_warps=c.num_warps1, num_stages=c.num_stages1)
+    return dq.to(q.dtype), dk, dv

@@ -1,0 +1,65 @@
+"""Looking a shape up in a table of measured launch plans (`tuned_configs.TUNED`, handed in).
+
+A table maps kind ("fwd" / "bwd") -> key -> a plan's fields. A key names what the kernels
+specialise on and how much parallel work a launch has: dtype, padded head dim, mask, size class.
+A shape the table lacks borrows the nearest measured size class, then the heuristic tiles. Under
+the Triton interpreter (CPU) every shape gets the 16-wide interpreter tiles: the table's were
+chosen for a GPU. No autotuning happens on a first call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tiles import INTERPRETER_BWD, INTERPRETER_FWD, heuristic_bwd, heuristic_fwd
+from ..triton_loader import interpreting, next_power_of_2
+from .plans import BwdPlan, FwdPlan, bwd_plan, fwd_plan
+
+SIZE_FALLBACK = {"small": ("small", "medium", "large"), "medium": ("medium", "large"), "large": ("large", "medium")}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def size_class(n_bh: int, n_queries: int, n_keys: int) -> str:
+    """How much parallel work a launch has: rows of (batch*heads) x seq. Tuned per class."""
+    rows = n_bh * max(n_queries, n_keys)
+    return "small" if rows <= 4096 else "medium" if rows <= 32768 else "large"
+
+
+def table_key(dtype: torch.dtype, head_dim: int, causal: bool, size: str) -> str:
+    # fp16 runs the bf16 entries: same width, same tensor-core rate.
+    name = "bf16" if dtype == torch.float16 else dtype_name(dtype)
+    return f"{name}-d{next_power_of_2(max(head_dim, 16))}-{'causal' if causal else 'full'}-{size}"
+
+
+def _entry(table: dict, kind: str, dtype: torch.dtype, head_dim: int, causal: bool, size: str) -> dict | None:
+    """The measured entry for this shape, else the nearest measured size class, else None."""
+    for s in SIZE_FALLBACK[size]:
+        if (found := table.get(kind, {}).get(table_key(dtype, head_dim, causal, s))) is not None:
+            return found
+    return None
+
+
+def lookup_fwd(table: dict, dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
+               n_keys: int) -> FwdPlan:
+    """Interpreter tiles > the table's entry (or the nearest size class's) > the heuristic tiles."""
+    return _lookup(table, "fwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
+
+
+def lookup_bwd(table: dict, dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
+               n_keys: int) -> BwdPlan:
+    return _lookup(table, "bwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
+
+
+_KINDS = {"fwd": (FwdPlan, fwd_plan, INTERPRETER_FWD, heuristic_fwd),
+          "bwd": (BwdPlan, bwd_plan, INTERPRETER_BWD, heuristic_bwd)}
+
+
+def _lookup(table: dict, kind: str, dtype: torch.dtype, head_dim: int, causal: bool, size: str):
+    plan, from_entry, interpreter_tiles, heuristic = _KINDS[kind]
+    if interpreting():
+        return plan(interpreter_tiles)
+    found = _entry(table, kind, dtype, head_dim, causal, size)
+    return from_entry(found) if found else plan(heuristic(dtype, next_power_of_2(head_dim)))
