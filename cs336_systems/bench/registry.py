@@ -33,6 +33,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                                "the allocator checks of the seq 32768 OOM (reserved peak, max_split_size_mb)"),
     "flash-leaderboard": Benchmark("cs336_systems.attention.benchmarks.leaderboard", "leaderboard case: ours vs cuDNN/flash/flex/naive"),
     "flash-sweep": Benchmark("cs336_systems.attention.benchmarks.flash_sweep", "flash_benchmarking grid, ours vs PyTorch"),
+    "flash-grid": Benchmark("cs336_systems.attention.benchmarks.grid_sweep",
+                            "bf16, d 64/128, causal or not, seq 1k-32k: ours vs cuDNN, SDPA-flash, flex"),
     "flash-host": Benchmark("cs336_systems.attention.benchmarks.host_overhead", "host time per attention call, GPU kept busy"),
     # The speed work's tuner and A/B experiments (docs/flash-attention/faster-than-cudnn.md): each needs
     # a GPU and arguments of its own, so `just bench-all` leaves them out (gpu=False)
