@@ -160,6 +160,7 @@ class FSDP(nn.Module):
     # -- forward ---------------------------------------------------------------------------------
 
     # --8<-- [start:forward]
+    # --8<-- [start:forward_call]
     def forward(self, *inputs, **kwargs):
         if self._pass is not None:
             raise RuntimeError("FSDP.forward was called again from inside its own forward")
@@ -176,7 +177,9 @@ class FSDP(nn.Module):
                 gather.wait()
             if fwd.order:
                 self._order = fwd.order  # the next forward prefetches in the order seen here
+    # --8<-- [end:forward_call]
 
+    # --8<-- [start:layer_forward]
     def _layer_forward(self, layer: ShardedLayer, original_forward, *args, **kwargs):
         """Replaces a sharded layer's forward: gathered weight in, the layer's own forward, out."""
         use = self._begin_use(layer)
@@ -188,7 +191,9 @@ class FSDP(nn.Module):
                 return original_forward(*args, **kwargs)
         finally:
             self._end_use(use)
+    # --8<-- [end:layer_forward]
 
+    # --8<-- [start:use]
     def _begin_use(self, layer: ShardedLayer) -> _Use:
         fwd, gather = self._pass, None
         position = -1
@@ -229,8 +234,10 @@ class FSDP(nn.Module):
         use.full = None  # the last reference: the gathered weight is freed here
         if use.fwd is not None:
             self._prefetch(use.fwd, use.position + 2)  # this layer done: start the one two ahead
+    # --8<-- [end:use]
     # --8<-- [end:forward]
 
+    # --8<-- [start:prefetch]
     def _prefetch(self, fwd: _ForwardPass, position: int) -> None:
         if len(fwd.order) <= position < len(self._order) and position not in fwd.prefetched:
             layer = self.layers[self._order[position]]
@@ -245,6 +252,7 @@ class FSDP(nn.Module):
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             return x.to(self.compute_dtype)
         return x
+    # --8<-- [end:prefetch]
 
     # -- saved tensors: free after forward, gather again for backward ---------------------------
 

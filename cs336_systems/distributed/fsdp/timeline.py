@@ -42,6 +42,7 @@ def layer_timeline(prof: torch.profiler.profile, t0_ms: float = 0.0) -> dict:
         kind, _, layer = name.removeprefix(PREFIX).partition(":")
         by_kind[kind].append((layer, round(start, 3), round(end, 3)))
     gathers = by_kind["all_gather"]
+    # --8<-- [start:verdict]
     uses, previous_end = [], None
     for layer, start, end in by_kind["layer"]:
         gather = max((g for g in gathers if g[0] == layer and g[1] <= start),
@@ -53,6 +54,7 @@ def layer_timeline(prof: torch.profiler.profile, t0_ms: float = 0.0) -> dict:
             use["waited_ms"] = round(max(0.0, min(gather[2], start) - previous_end), 3)
         uses.append(use)
         previous_end = end
+    # --8<-- [end:verdict]
     forward_end = uses[-1]["compute"][1] if uses else float("-inf")
     return {
         "on_gpu": on_gpu,

@@ -1,0 +1,219 @@
+"""The FSDP chapter: what the shard arithmetic expects, computed at build time.
+
+Nothing here reads results/fsdp/ (the two-GPU run has not written it yet). The tables come from
+package functions at the benchmark's own setting (cs336_systems/distributed/fsdp_bench.py: our
+preset `xl`, the DDP chapter's global batch of 4 sequences over 2 ranks, the preset's context):
+
+    ```python exec="on"
+    import report.fsdp
+    print(report.fsdp.expected_memory_table())
+    ```
+
+The all-gather prediction (`gather_window_table`) combines the model's shapes with three committed
+H200 measurements: the matmul ceilings (results/ceilings), NCCL's whole-model all-gather on two
+H200s (results/sharding/collectives) and the fixed cost per call fitted to NCCL's all-reduces
+(results/collectives). Facts: `{{ fsdp.<name> }}`, registered at the bottom.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pandas as pd
+
+from cs336_systems.distributed.fsdp import is_sharded_layer
+from cs336_systems.distributed.fsdp.fsdp import REDUCE_SCATTERS_IN_FLIGHT
+from cs336_systems.distributed.fsdp_bench import GLOBAL_BATCH, STAGE
+from cs336_systems.model import TransformerLM, count_parameters, get_config
+from cs336_systems.sharding import accounting as acc
+from cs336_systems.sharding.sharding_bench import COMM_BENCH
+from report import collectives, reproducing, sharding
+from report.profiling import register
+from report.results import load_results, markdown_table
+
+GPU = "nvidia-h200"
+SIZE, WORLD = "xl", 2                      # fsdp_bench's default size on cuda, and its 2 GPUs
+BATCH_PER_RANK = GLOBAL_BATCH // WORLD     # the DDP chapter's 2 sequences per rank
+CFG = get_config(SIZE)                     # the preset's context: 512
+TOKENS = BATCH_PER_RANK * CFG.context_length  # tokens one rank's forward sees
+GIB, MIB = 2**30, 2**20
+BYTES = {"fp32": 4, "bf16": 2}
+# The rows of the expected-memory table: what the benchmark's variants keep, by accounting stage.
+MEMORY_ROWS = {"ddp": "DDP", "sharded": "sharded optimizer or ZeRO-1", STAGE["fsdp"]: "FSDP"}
+
+
+# -- (a) memory ----------------------------------------------------------------------------------
+
+def expected_memory(stage: str) -> acc.MemoryBreakdown:
+    """Bytes per rank of the fp32 AdamW state and the fp32 activations, at the benchmark's setting."""
+    return acc.transformer_memory(CFG, BATCH_PER_RANK, WORLD, stage)
+
+
+def saved(stage: str, than: str) -> float:
+    """Bytes per rank that `stage` keeps less than `than` (activations cancel: no stage shards them)."""
+    return expected_memory(than).total - expected_memory(stage).total
+
+
+def expected_memory_table() -> str:
+    rows = []
+    for stage, name in MEMORY_ROWS.items():
+        m = expected_memory(stage)
+        rows.append({"what each rank keeps": name, "parameters (GiB)": m.params / GIB,
+                     "gradients (GiB)": m.grads / GIB, "AdamW state (GiB)": m.optimizer_state / GIB,
+                     "activations (GiB)": m.activations / GIB, "sum (GiB)": m.total / GIB,
+                     "below DDP (GiB)": saved(stage, "ddp") / GIB})
+    return markdown_table(pd.DataFrame(rows), floatfmt=".2f")
+
+
+@functools.cache
+def weights(size: str = SIZE) -> pd.DataFrame:
+    """Every parameter of the preset (built on the meta device: shapes only), in registration
+    order, with whether FSDP shards it (its module passes is_sharded_layer)."""
+    model = TransformerLM.from_config(get_config(size), device="meta")
+    sharded = {id(m.weight) for m in model.modules() if is_sharded_layer(m)}
+    return pd.DataFrame([{"name": n, "shape": tuple(p.shape), "numel": p.numel(),
+                          "sharded": id(p) in sharded} for n, p in model.named_parameters()])
+
+
+def largest_weight_bytes(dtype: str = "fp32") -> int:
+    return int(weights().query("sharded")["numel"].max()) * BYTES[dtype]
+
+
+# -- (b) will each all-gather finish in time? ------------------------------------------------------
+
+def _block_ops() -> list[tuple[str, tuple[int, int] | None, float]]:
+    """One block's forward in call order: (name, weight shape (d_out, d_in) or None, FLOPs on one
+    rank). Only the matmuls count: the norms, RoPE and the SwiGLU product are elementwise."""
+    d, f, s = CFG.d_model, CFG.d_ff, CFG.context_length
+    linear = lambda name, d_out, d_in: (name, (d_out, d_in), 2.0 * TOKENS * d_in * d_out)
+    attention = 4.0 * BATCH_PER_RANK * s * s * d  # Q K^T and P V, the full (s, s) score matrix
+    return [linear("q_proj", d, d), linear("k_proj", d, d), linear("v_proj", d, d),
+            ("attention (QKᵀ, PV)", None, attention), linear("output_proj", d, d),
+            linear("ffn.w1", f, d), linear("ffn.w3", f, d), linear("ffn.w2", d, f)]
+
+
+def all_gather_rate_s_per_byte() -> float:
+    """Seconds per byte of all-gather output: NCCL's all-gather of the whole xl model on 2 H200s."""
+    df = load_results(COMM_BENCH, GPU, status="ok").sort_values("time_utc")
+    row = df[df["op"] == "all_gather"].iloc[-1]
+    return float(row["ms"]) / 1e3 / float(row["bytes"])
+
+
+def fixed_cost_s() -> float:
+    """o of t = o + bytes/w, fitted to NCCL's all-reduces on 2 H200s (timed alone, barrier to
+    host synchronize: an upper bound on what one call among many back to back costs)."""
+    return collectives.fit(GPU, "nccl+cuda", WORLD)[0]
+
+
+def gather_windows() -> pd.DataFrame:
+    """Per use of a sharded weight in a middle block: the window its all-gather has (the work
+    between the end of the use two before and its own start, matmuls at the measured ceiling) and
+    the all-gather's time (its bytes at the measured rate; the fixed cost is a separate term)."""
+    ops = _block_ops()
+    uses = [i for i, (_, shape, _) in enumerate(ops) if shape is not None]
+    rate, rows = all_gather_rate_s_per_byte(), []
+    for k, i in enumerate(uses):
+        before = uses[k - 2] - (len(ops) if k < 2 else 0)  # the previous block's, for q and k
+        between = [ops[j % len(ops)] for j in range(before + 1, i)]
+        numel = ops[i][1][0] * ops[i][1][1]
+        row = {"use": ops[i][0], "weight": f"{ops[i][1][0]} × {ops[i][1][1]}",
+               "its window": " + ".join(name for name, _, _ in between)}
+        for dtype in BYTES:
+            flops = sum(fl for _, _, fl in between)
+            row[f"window {dtype} (µs)"] = flops / (reproducing.matmul_ceiling_tflops(dtype) * 1e12) * 1e6
+            row[f"all-gather {dtype} (µs)"] = numel * BYTES[dtype] * rate * 1e6
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def gather_window_table() -> str:
+    return markdown_table(gather_windows(), floatfmt=".0f")
+
+
+def bf16_speedup() -> float:
+    """The measured bf16 matmul ceiling over the fp32 one: how much shorter bf16's windows are."""
+    return reproducing.matmul_ceiling_tflops("bf16") / reproducing.matmul_ceiling_tflops("fp32")
+
+
+def window_over_gather(dtype: str, fixed: bool = False) -> pd.Series:
+    """Each use's window over its all-gather's time, with or without the fixed cost per call."""
+    w = gather_windows()
+    gather = w[f"all-gather {dtype} (µs)"] + (fixed_cost_s() * 1e6 if fixed else 0.0)
+    return w[f"window {dtype} (µs)"] / gather
+
+
+def forward_stall_s(dtype: str, fixed: bool = False) -> float:
+    """Predicted wait per forward: every block's late gathers (gather time beyond the window),
+    over the model's layers. The first uses of a forward (prefetched at its start) are left out."""
+    w = gather_windows()
+    gather = w[f"all-gather {dtype} (µs)"] + (fixed_cost_s() * 1e6 if fixed else 0.0)
+    late = (gather - w[f"window {dtype} (µs)"]).clip(lower=0.0)
+    return float(late.sum()) * 1e-6 * CFG.num_layers
+
+
+# -- communication per step ------------------------------------------------------------------------
+
+def communication() -> pd.DataFrame:
+    """Bytes each rank receives per step and their time alone at the measured whole-model rates
+    (the collectives' bandwidth terms; FSDP's per-weight calls add their fixed costs on top)."""
+    n = count_parameters(CFG)["total"]
+    ms = {op: sharding.measured_collective_ms(op, GPU) for op in ("all_reduce", "all_gather", "reduce_scatter")}
+    fp32 = n * 4  # the bytes those collectives were timed on
+    rows = [("DDP", "all-reduce gradients", acc.communication_bytes_per_rank("ddp", n, WORLD),
+             ms["all_reduce"]),
+            ("ZeRO-1", "reduce-scatter gradients, all-gather parameters",
+             acc.communication_bytes_per_rank("zero1", n, WORLD), ms["reduce_scatter"] + ms["all_gather"])]
+    for dtype, b in BYTES.items():
+        rows.append((f"FSDP {dtype}", "all-gather parameters twice, reduce-scatter gradients",
+                     acc.communication_bytes_per_rank("zero3", n, WORLD, grad_bytes=b, param_bytes=b),
+                     (2 * ms["all_gather"] + ms["reduce_scatter"]) * b * n / fp32))
+    return pd.DataFrame(rows, columns=["method", "collectives", "GB received per rank", "ms alone"]).assign(
+        **{"GB received per rank": lambda d: d["GB received per rank"] / 1e9})
+
+
+def communication_table() -> str:
+    return markdown_table(communication(), floatfmt=".3g")
+
+
+def _comm(method: str, column: str) -> float:
+    df = communication()
+    return float(df.loc[df["method"] == method, column].iloc[0])
+
+
+# -- facts ---------------------------------------------------------------------------------------
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.2f}"
+
+
+register({
+    "fsdp.n_params_b": lambda: f"{count_parameters(CFG)['total'] / 1e9:.2f}",
+    "fsdp.tokens_per_rank": lambda: f"{TOKENS:,}",
+    "fsdp.sharded_weights": lambda: f"{int(weights()['sharded'].sum())}",
+    "fsdp.replicated_params": lambda: f"{int((~weights()['sharded']).sum())}",
+    "fsdp.replicated_share": lambda: "{:.3f}%".format(
+        100 * weights().query("not sharded")["numel"].sum() / weights()["numel"].sum()),
+    "fsdp.largest_weight_mib": lambda: f"{largest_weight_bytes() / MIB:.1f}",
+    "fsdp.two_gathered_mib": lambda: f"{2 * largest_weight_bytes() / MIB:.0f}",
+    "fsdp.reduce_scatters_in_flight": lambda: f"{REDUCE_SCATTERS_IN_FLIGHT}",
+    "fsdp.ddp_gib": lambda: _gib(expected_memory("ddp").total),
+    "fsdp.sharded_gib": lambda: _gib(expected_memory("sharded").total),
+    "fsdp.fsdp_gib": lambda: _gib(expected_memory("zero3").total),
+    "fsdp.activations_gib": lambda: _gib(expected_memory("zero3").activations),
+    "fsdp.saved_vs_sharded_gib": lambda: _gib(saved("zero3", "sharded")),
+    "fsdp.saved_vs_sharded_share": lambda: f"{saved('zero3', 'sharded') / expected_memory('sharded').total:.0%}",
+    "fsdp.saved_vs_ddp_gib": lambda: _gib(saved("zero3", "ddp")),
+    "fsdp.bf16_speedup": lambda: f"{bf16_speedup():.0f}",
+    "fsdp.fixed_cost_us": lambda: f"{fixed_cost_s() * 1e6:.0f}",
+    "fsdp.fp32_min_margin": lambda: f"{window_over_gather('fp32').min():.1f}",
+    "fsdp.fp32_min_margin_fixed": lambda: f"{window_over_gather('fp32', fixed=True).min():.1f}",
+    "fsdp.bf16_min_margin": lambda: f"{window_over_gather('bf16').min():.1f}",
+    "fsdp.bf16_max_margin_fixed": lambda: f"{window_over_gather('bf16', fixed=True).max():.2f}",
+    "fsdp.bf16_stall_ms": lambda: f"{forward_stall_s('bf16') * 1e3:.1f}",
+    "fsdp.bf16_stall_ms_fixed": lambda: f"{forward_stall_s('bf16', fixed=True) * 1e3:.0f}",
+    "fsdp.comm_fp32_ms": lambda: f"{_comm('FSDP fp32', 'ms alone'):.0f}",
+    "fsdp.comm_bf16_ms": lambda: f"{_comm('FSDP bf16', 'ms alone'):.0f}",
+    "fsdp.comm_ddp_ms": lambda: f"{_comm('DDP', 'ms alone'):.0f}",
+    "fsdp.bytes_vs_ddp_fp32": lambda: f"{_comm('FSDP fp32', 'GB received per rank') / _comm('DDP', 'GB received per rank'):.2g}",
+    "fsdp.collective_calls": lambda: f"{3 * int(weights()['sharded'].sum()) - 1:,}",
+})
