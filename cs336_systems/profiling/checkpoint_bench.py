@@ -1,7 +1,8 @@
 """Single-level gradient checkpointing measured (problem gradient_checkpointing (b)):
 `python -m cs336_systems.bench checkpointing`.
 
-The xl model, batch 4, context 2048 (the handout's setting) by default: one step time and peak
+The 2026 handout's xl model (d_model 2560, 32 layers: the `2.7B` preset of the 2025 size table, which
+this package keeps under that name), batch 4, context 2048, by default: one step time and peak
 memory per block size k of TransformerLM.checkpoint_every (0 = no checkpointing), so the best k and
 its neighbours can be read off one run. Rows: results/memory/checkpointing/<device>.jsonl.
 
@@ -54,10 +55,10 @@ def live_peak_of_step(model, x, y, dtype: str) -> int:
 
 def build_parser() -> Parser:
     p = Parser(prog="checkpointing", description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="xl", choices=[*PRESETS, *PRESETS_EXTRA])
+    p.add_argument("--size", default="2.7B", choices=[*PRESETS, *PRESETS_EXTRA])
     p.add_argument("--context", type=at_least(1), default=2048)
     p.add_argument("--batch", type=at_least(1), default=4)
-    p.add_argument("--ks", type=csv_of(at_least(0)), default=[0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 48],
+    p.add_argument("--ks", type=csv_of(at_least(0)), default=[0, 1, 2, 3, 4, 6, 8, 16, 32],
                    help="block sizes k (checkpoint every k blocks; 0 = none); each <= num_layers")
     p.add_argument("--mode", choices=[m for m in MODES if m != "forward"], default="forward-backward")
     p.add_argument("--dtype", choices=list(DTYPES), default="fp32")
