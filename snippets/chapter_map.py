@@ -30,6 +30,7 @@ class Chapter:
     modules: tuple[str, ...] = ()  # under cs336_systems/, dotted (shown only once they exist)
     tests: tuple[str, ...] = ()  # globs under tests/ (besides the tests that import the modules)
     results: tuple[str, ...] = ()  # bench globs under results/ (besides the ones the page reads)
+    marker: str = ""  # the pytest marker of the chapter's tests (tests/chapters.py): `pytest -m marker`
 
 
 CHAPTERS = (
@@ -37,17 +38,17 @@ CHAPTERS = (
             ("profiling.benchmark", "profiling.steps", "profiling.nvtx", "profiling.torch_profile",
              "profiling.sweeps", "profiling.kernel_sweep", "profiling.kernel_attribution", "profiling.clocks",
              "bench.timing"),
-            ("test_benchmark*.py", "test_profil*.py", "test_timing*.py"), ("end-to-end/*", "profiling/*")),
+            ("test_benchmark*.py", "test_profil*.py", "test_timing*.py"), ("end-to-end/*", "profiling/*"), marker="profiling"),
     Chapter("mixed-precision.md", "Mixed precision", ("accumulation", "end-to-end"),
             ("profiling.mixed_precision", "profiling.sweeps"), ("test_mixed_precision*.py",),
-            ("mixed-precision/*",)),
+            ("mixed-precision/*",), marker="mixed_precision"),
     Chapter("labs/accumulation.py", "Lab: accumulation in low precision"),
     Chapter("memory.md", "Memory", ("memory",), ("profiling.memory", "profiling.memory_sweep"),
-            ("test_memory*.py",), ("memory/*",)),
+            ("test_memory*.py",), ("memory/*",), marker="memory"),
     Chapter("attention.md", "Attention and torch.compile", ("attention", "attention-oom"),
             ("attention.reference", "attention.benchmarks.pytorch_sweep", "model.attention", "profiling.attention_oom"),
             ("test_attention*.py", "test_pytorch_attention*.py", "test_model_attention*.py"),
-            ("attention/pytorch_attention", "attention/oom_checks")),
+            ("attention/pytorch_attention", "attention/oom_checks"), marker="attention"),
     Chapter("flash-attention.md", "FlashAttention-2 in Triton", ("flash-sweep", "flash-leaderboard", "flash-host"),
             ("attention.weighted_sum", "attention.online_softmax", "attention.flash_pytorch",
              "attention.flash_triton", "attention.flash_fwd_kernel", "attention.flash_bwd_kernel",
@@ -59,19 +60,29 @@ CHAPTERS = (
              "attention.fast.gluon.onepass_ws"),
             ("test_flash*.py", "test_online_softmax*.py", "test_weighted_sum*.py", "test_ab_*.py", "test_reduce_probe*.py", "test_onepass_ws*.py"),
             ("attention/flash_*", "attention/dkdv_ab", "attention/onepass_ab", "attention/reduce_probe",
-             "attention/host_overhead")),
+             "attention/host_overhead"), marker="flash"),
     Chapter("collectives.md", "Collectives", ("collectives",),
             ("distributed.collectives_bench", "distributed.launch"), ("test_collectives*.py", "test_launch*.py"),
-            ("collectives/*",)),
+            ("collectives/*",), marker="collectives"),
     Chapter("ddp.md", "Data-parallel training", ("ddp",),
             ("distributed.ddp", "distributed.ddp.naive", "distributed.ddp.flat", "distributed.ddp.overlap",
              "distributed.ddp.buckets", "distributed.ddp.bucketed", "distributed.step_trace"),
-            ("test_ddp*.py", "test_bucket*.py"), ("ddp/*",)),
+            ("test_ddp*.py", "test_bucket*.py"), ("ddp/*",), marker="ddp"),
     Chapter("communication-accounting.md", "Communication accounting", (),
-            ("sharding.communication_accounting",), ("test_communication_accounting*.py",)),
+            ("sharding.communication_accounting",), ("test_communication_accounting*.py",), marker="comm_accounting"),
     Chapter("sharding.md", "Optimizer state sharding", ("sharding",),
             ("sharding.sharded_optimizer", "sharding.zero1", "sharding.accounting", "sharding.sharding_bench"),
-            ("test_sharded_optimizer*.py", "test_sharding*.py"), ("sharding/*",)),
+            ("test_sharded_optimizer*.py", "test_sharding*.py"), ("sharding/*",), marker="sharding"),
+    Chapter("fsdp.md", "Fully sharded data parallel (2026)", ("fsdp",),
+            ("distributed.fsdp.shard_layout", "distributed.fsdp.layers", "distributed.fsdp.comm",
+             "distributed.fsdp.fsdp", "distributed.fsdp.gather"),
+            ("test_fsdp*.py", "test_adapters_2026.py"), ("fsdp/*",), marker="fsdp"),
+    Chapter("memory/checkpointing.md", "Gradient checkpointing (2026)", ("checkpointing",),
+            ("profiling.checkpoint_theory",), ("test_checkpointing*.py",), ("memory/checkpointing",),
+            marker="memory"),
+    Chapter("parallelism.md", "Choosing a parallelism (2026)", ("tp-ffn",),
+            ("parallelism.ring", "parallelism.costs", "parallelism.answers", "parallelism.tp_ffn"),
+            ("test_parallelism*.py", "test_tp_ffn*.py"), ("parallelism/*",), marker="parallelism"),
 )
 
 SNIPPET = re.compile(r'--8<--\s+"(cs336_systems/[^":]+\.py)')
@@ -200,9 +211,9 @@ def results_cell(files: list[str]) -> str:
 
 def chapter_map() -> str:
     none = "—"
-    lines = ["| chapter | modules in `cs336_systems/` | tests in `tests/` (markers) | `just bench` NAME "
-             "| results in `results/` (device) |",
-             "|---|---|---|---|---|"]
+    lines = ["| chapter | modules in `cs336_systems/` | its tests | tests in `tests/` (markers) "
+             "| `just bench` NAME | results in `results/` (device) |",
+             "|---|---|---|---|---|---|"]
     for ch in CHAPTERS:
         modules = [m.removeprefix("cs336_systems.") for m in chapter_modules(ch)]
         tests = chapter_tests(ch)
@@ -210,6 +221,7 @@ def chapter_map() -> str:
         cells = [
             f"[{ch.title}]({page_link(ch.page)})",
             grouped(modules) or none,
+            f"`pytest -m {ch.marker}`" if ch.marker else none,
             ", ".join(t.removeprefix("tests/") + (f" ({', '.join(ms)})" if ms else "") for t, ms in tests)
             or none,
             ", ".join(recipes) or none,

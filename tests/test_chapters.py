@@ -17,3 +17,10 @@ def test_every_test_file_belongs_to_a_chapter():
 def test_every_chapter_marker_matches_some_test_file():
     files = [p.relative_to(TESTS).as_posix() for p in [*TESTS.glob("test_*.py"), *TESTS.glob("claims/test_*.py")]]
     assert [m for m in CHAPTERS if not any(m in chapters_of(f) for f in files)] == []
+
+
+def test_the_home_page_map_names_real_markers():
+    import runpy
+
+    chapters = runpy.run_path(str(TESTS.parent / "snippets" / "chapter_map.py"))["CHAPTERS"]
+    assert {c.marker for c in chapters if c.marker} <= set(CHAPTERS)
