@@ -118,10 +118,10 @@ def gather_windows() -> pd.DataFrame:
         numel = ops[i][1][0] * ops[i][1][1]
         row = {"use": ops[i][0], "weight": f"{ops[i][1][0]} × {ops[i][1][1]}",
                "its window": " + ".join(name for name, _, _ in between)}
-        for dtype in BYTES:
-            flops = sum(fl for _, _, fl in between)
+        flops = sum(fl for _, _, fl in between)
+        for dtype, nbytes in BYTES.items():
             row[f"window {dtype} (µs)"] = flops / (reproducing.matmul_ceiling_tflops(dtype) * 1e12) * 1e6
-            row[f"all-gather {dtype} (µs)"] = numel * BYTES[dtype] * rate * 1e6
+            row[f"all-gather {dtype} (µs)"] = numel * nbytes * rate * 1e6
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -43,7 +43,7 @@ def test_adapters_table_names_what_each_adapter_returns():
     # the table under "The 2026 adapters": each adapter exists with the listed parameters, and
     # its body calls the class or function in the "ours" column
     section = PAGE.read_text().split("### The 2026 adapters")[1].split("###")[0]
-    rows = re.findall(r"^\| `(\w+)\(([^)]*)\)` \| [^|]+ \| `([\w.]+)` \|$", section, re.M)
+    rows = re.findall(r"^\| `(\w+)\(([^)]*)\)` \| [^|]+ \| `([\w.]+)` \|$", section, re.MULTILINE)
     assert len(rows) == 5
     for name, params, ours in rows:
         fn = getattr(adapters, name)
@@ -94,7 +94,8 @@ def test_b_fp32_gathers_fit_their_windows():
 
 
 def test_b_bf16_gathers_do_not_fit_with_the_fixed_cost():
-    # (b): "Under bf16 the matmuls run {{ fsdp.bf16_speedup }} times faster while the bytes only halve."
+    # (b): "Under bf16 the matmul ceiling is {{ fsdp.bf16_speedup }} times the fp32 one, while the
+    # bytes only halve."
     assert fsdp.bf16_speedup() > 2
     # "no window then covers its gather plus the fixed cost (at best {{ fsdp.bf16_max_margin_fixed }}
     # of it), so we expect bf16 forwards to wait up to about {{ fsdp.bf16_stall_ms_fixed }} ms"
