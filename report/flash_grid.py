@@ -97,6 +97,8 @@ def grid_figure() -> plt.Figure:
                     color=colours[(d, mask)], ls="-" if bh == "1 x 32" else "--", label=f"d = {d}, {mask}, {bh}")
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xscale("log", base=2)
+        seqs = sorted(set(s.index.get_level_values("seq")))
+        ax.set_xticks(seqs, labels=[f"{n // 1024}k" for n in seqs])
         ax.set_xlabel("sequence length")
         ax.set_title(f"ours, {MODE_WORDS[mode]}")
     axes[0].set_ylabel("speed vs cuDNN (above 1: faster)")
