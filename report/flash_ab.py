@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.bench.store import REPO_ROOT
-from report.flash import IMPL_NAMES, LB, LB_KEY, MODE_WORDS, headline_run, leaderboard_rows, register
+from report.flash import IMPL_NAMES, MODE_WORDS, headline_run, leaderboard_rows, register
 from report.results import load_results, markdown_table, provenance_line
 
 AB_BENCH = "attention/dkdv_ab"

@@ -35,7 +35,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "parallelism": ("Choosing a parallelism", ("test_parallelism_*.py", "test_tp_ffn.py",
                                                "claims/test_parallelism.py")),
     "results": ("How every number was measured", ("test_store.py", "test_cli_bad_args.py", "test_docs.py",
-                                                  "test_snippets.py", "test_imports.py", "test_chapters.py", "claims/test_reproducing.py")),
+                                                  "test_snippets.py", "test_imports.py", "test_chapters.py", "test_lint.py", "claims/test_reproducing.py")),
 }
 
 

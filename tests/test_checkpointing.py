@@ -15,9 +15,14 @@ import torch
 from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy
-from cs336_systems.profiling.checkpoint_theory import (best_block_size, nested_forwards,
-                                                       revolve_forwards, revolve_forwards_dp,
-                                                       single_level_peak, strategy_table)
+from cs336_systems.profiling.checkpoint_theory import (
+    best_block_size,
+    nested_forwards,
+    revolve_forwards,
+    revolve_forwards_dp,
+    single_level_peak,
+    strategy_table,
+)
 from cs336_systems.profiling.checkpointing import LiveTensorBytes, nested_checkpoint
 from cs336_systems.sharding.accounting import saved_activation_bytes, transformer_activation_bytes
 

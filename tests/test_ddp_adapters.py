@@ -18,8 +18,7 @@ from torch import nn
 
 from cs336_systems.distributed.launch import Worker, spawn
 from tests import adapters
-from tests.toy_models import (assert_states_close, make_batches, make_model, shard, state_of,
-                              train_sharded_reference)
+from tests.toy_models import assert_states_close, make_batches, make_model, shard, state_of, train_sharded_reference
 
 pytestmark = pytest.mark.distributed
 

@@ -27,16 +27,15 @@ in two checks whose tolerances are derived, not tuned (tests/tolerances.py):
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
-import pytest
 from torch import nn
 
 from cs336_systems.distributed.ddp import STAGES
 from cs336_systems.distributed.launch import Worker, spawn
 from tests.tolerances import assert_within, float32_vs_float64_gradient_bound, mlp_rounding_depth
-from tests.toy_models import (assert_states_close, make_batches, make_model, shard, state_of,
-                              train_sharded_reference)
+from tests.toy_models import assert_states_close, make_batches, make_model, shard, state_of, train_sharded_reference
 
 pytestmark = pytest.mark.distributed
 

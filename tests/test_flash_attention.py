@@ -21,7 +21,7 @@ from cs336_systems.attention.flash_triton import FlashAttentionTriton
 from cs336_systems.attention.reference import attention_reference
 from cs336_systems.attention.tiles import BwdConfig, FwdConfig
 from tests.strategies import attention_problems
-from tests.triton_mode import DEVICE, ON_GPU, needs_gpu, needs_triton, where_marks as pytestmark  # noqa: F401
+from tests.triton_mode import DEVICE, ON_GPU, needs_gpu, needs_triton  # noqa: F401
 
 IMPLS = {"pytorch": FlashAttentionPyTorch, "triton": FlashAttentionTriton, "fast": FlashAttentionFast}
 IMPL_PARAMS = ["pytorch", pytest.param("triton", marks=needs_triton)]  # without triton, the PyTorch half runs

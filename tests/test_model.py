@@ -14,11 +14,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.model import (AdamW, PRESETS, TransformerLM, count_parameters, cross_entropy,
-                                 get_config, use_attention)
+from cs336_systems.model import (
+    PRESETS,
+    AdamW,
+    TransformerLM,
+    count_parameters,
+    cross_entropy,
+    get_config,
+    use_attention,
+)
 from cs336_systems.model import attention as attention_module
-from tests.tolerances import (assert_relative_error, assert_within, gamma, transformer_rounding_depth,
-                              unit_roundoff)
+from tests.tolerances import assert_relative_error, assert_within, gamma, transformer_rounding_depth, unit_roundoff
 
 # SPEC.md section 1: (total, non-embedding); small exact, the others to the precision shown (0.1M).
 SPEC_COUNTS = {

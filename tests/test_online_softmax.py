@@ -8,8 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cs336_systems.attention.online_softmax import (chunk_stats, logsumexp_from_stats, merge_stats,
-                                                    online_softmax, online_update)
+from cs336_systems.attention.online_softmax import (
+    chunk_stats,
+    logsumexp_from_stats,
+    merge_stats,
+    online_softmax,
+    online_update,
+)
 from tests.strategies import chunk_sizes, rows_with_masked_chunks, score_rows
 from tests.tolerances import assert_within, gamma, unit_roundoff
 

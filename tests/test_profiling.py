@@ -3,8 +3,6 @@ autocast tables, and the attention memory accounting, each against an independen
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import pytest
 import torch

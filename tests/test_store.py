@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,8 +14,14 @@ import pytest
 import torch
 
 from cs336_systems.bench import store as store_module
-from cs336_systems.bench.store import (SCHEMA, NotOurResultsFile, ResultStore, SkippedLineWarning,
-                                       UncommittedCode, results_path)
+from cs336_systems.bench.store import (
+    SCHEMA,
+    NotOurResultsFile,
+    ResultStore,
+    SkippedLineWarning,
+    UncommittedCode,
+    results_path,
+)
 from cs336_systems.bench.sweep import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, exit_code, run_sweep, worst
 
 

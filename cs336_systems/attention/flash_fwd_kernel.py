@@ -16,7 +16,7 @@ mode (GPU or interpreter).
 import triton
 import triton.language as tl
 
-from .tile_io import LOG2E, head_base, load_tile
+from .tile_io import head_base, load_tile
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 MASK_LOG2: tl.constexpr = tl.constexpr(-1.0e6 * 1.4426950408889634)  # the course's -1e6, in base 2

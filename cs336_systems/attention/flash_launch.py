@@ -13,8 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-from .tiles import BwdConfig, FwdConfig, default_bwd, default_fwd
 from .inputs import refuse_under_interpreter
+from .tiles import BwdConfig, FwdConfig, default_bwd, default_fwd
 from .triton_loader import interpreting, kernels, next_power_of_2
 
 FWD = "cs336_systems.attention.flash_fwd_kernel"

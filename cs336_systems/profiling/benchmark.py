@@ -28,8 +28,7 @@ from cs336_systems.model.attention import ATTENTION_IMPLS
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA, ModelConfig
 
 from .nvtx import MEASURED, annotated_attention, range_factory
-from .steps import (DTYPES, MODES, bf16_supported, build_model, make_optimizer, make_step,
-                    phase_ranges, random_batch)
+from .steps import DTYPES, MODES, bf16_supported, build_model, make_optimizer, make_step, phase_ranges, random_batch
 
 BENCH = "end-to-end/runs"
 KEY = ("size", "d_model", "num_layers", "num_heads", "d_ff", "vocab_size", "context", "batch",

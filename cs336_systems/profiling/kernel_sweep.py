@@ -14,16 +14,14 @@ import argparse
 import sys
 import uuid
 
-import torch
-
 from cs336_systems.bench.cli import Parser, at_least, csv_of
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
 from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
-from .steps import DTYPES, MODES
 from .kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from .nvtx import ATTENTION_REGIONS, PHASES
+from .steps import DTYPES, MODES
 from .torch_profile import profile_step
 
 CELL_KEY = ["size", "context", "mode", "dtype"]

@@ -23,8 +23,16 @@ from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
 from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
-from .memory import (MIB, allocations_of_size, largest_allocations, load_snapshot, phase_marker,
-                     record_snapshot, render_timeline, residual_stream_bytes)
+from .memory import (
+    MIB,
+    allocations_of_size,
+    largest_allocations,
+    load_snapshot,
+    phase_marker,
+    record_snapshot,
+    render_timeline,
+    residual_stream_bytes,
+)
 from .steps import DTYPES, MODES, make_optimizer, make_step, phase_ranges, random_batch
 
 KEY = ["size", "context", "mode", "dtype"]

@@ -17,8 +17,15 @@ from cs336_systems.bench.timing import synchronize
 from cs336_systems.model import use_attention
 from cs336_systems.model.config import ModelConfig
 
-from .kernel_attribution import (OTHER, TOP_KERNELS, appended_kernel_ms, attribute_cpu_ops,  # noqa: F401
-                                 attribute_kernels, from_kineto, is_matmul)
+from .kernel_attribution import (  # noqa: F401
+    OTHER,
+    TOP_KERNELS,
+    appended_kernel_ms,
+    attribute_cpu_ops,
+    attribute_kernels,
+    from_kineto,
+    is_matmul,
+)
 from .nvtx import PHASES, annotated_attention
 from .steps import make_optimizer, make_step, phase_ranges, random_batch
 
@@ -89,8 +96,8 @@ def profile_step(model: torch.nn.Module, cfg: ModelConfig, *, mode: str = "train
     optimizer = make_optimizer(model, mode)
     target = compiled if compiled is not None else model
     with use_attention(annotated_attention(torch.profiler.record_function)):
-        def factory(rng):
-            return make_step(target, x, y, mode=mode, dtype=dtype, optimizer=optimizer, phase=rng)
+        def factory(rng, opt=optimizer):
+            return make_step(target, x, y, mode=mode, dtype=dtype, optimizer=opt, phase=rng)
 
         plain = factory(phase_ranges())
         for _ in range(warmup):

@@ -26,7 +26,6 @@ model's sizes (all-reduce; per-parameter broadcasts; reduce-scatter; all-gather)
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import os

@@ -7,8 +7,8 @@ Each test quotes the sentence it guards. When new results make one fail, rewrite
 from __future__ import annotations
 
 from report import profiling as p
-from report import profiling_kernels as k
 from report import profiling_attribution as a
+from report import profiling_kernels as k
 
 # ---- benchmarking_script ----------------------------------------------------------------------------
 

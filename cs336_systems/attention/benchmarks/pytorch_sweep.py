@@ -78,7 +78,7 @@ def measure(attn, batch: int, seq: int, d: int, *, steps: int, warmup: int, devi
     for i in range(steps):
         if i:
             out = attn(q, k, v)  # untimed: a fresh graph for each backward
-        bwd_times += time_steps(lambda: out.backward(grad_out), warmup=0, steps=1, device=device).times
+        bwd_times += time_steps(lambda o=out: o.backward(grad_out), warmup=0, steps=1, device=device).times
         del out
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     mean = sum(bwd_times) / len(bwd_times)

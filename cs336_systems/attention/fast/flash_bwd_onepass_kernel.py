@@ -38,7 +38,7 @@ Do not import this module directly: `triton_loader.kernels(__name__)` loads it f
 import triton
 import triton.language as tl
 
-from ..tile_io import LOG2E, head_base, load_rows, load_tile, store_rows
+from ..tile_io import LOG2E, head_base, load_tile, store_rows
 
 
 # --8<-- [start:onepass_tiles]

@@ -16,8 +16,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .buckets import assign_buckets, bucket_cap_bytes
-from .common import (ACCUMULATED_AGAIN, DataParallel, all_reduce_mean_, check_one_kind,
-                     trainable_parameters)
+from .common import ACCUMULATED_AGAIN, DataParallel, all_reduce_mean_, check_one_kind, trainable_parameters
 
 
 # --8<-- [start:ddp]

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-
 # A hook firing twice in one step means a second accumulation into a gradient already handed to
 # communication (a second backward, or a reentrant checkpoint's inner one): refuse, loudly.
 ACCUMULATED_AGAIN = ("a gradient was accumulated again after its hook had handed it to "

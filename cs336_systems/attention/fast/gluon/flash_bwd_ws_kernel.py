@@ -29,12 +29,11 @@ GPU's version (Gluon's API changes between releases: 3.9 renamed the TMA copies)
 of BN, Z*H); contiguous bf16/fp16 inputs, head dim 64; n_q a multiple of 64, n_k of BN.
 """
 
-import triton
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)

@@ -22,7 +22,6 @@ Z*H); contiguous bf16/fp16 inputs, head dim 64, n_k a multiple of BN (n_q ragged
 past the end are computed and not stored).
 """
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper

@@ -49,8 +49,8 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .flash_fwd_ws_kernel import fwd_ws_kernel
     from ...flash_launch import _scales
+    from .flash_fwd_ws_kernel import fwd_ws_kernel
 
     if warpgroups not in (2, 3):
         raise ValueError(f"launch_fwd_ws: warpgroups must be 2 or 3, got {warpgroups}")

@@ -40,8 +40,18 @@ from ...tiles import BwdConfig, heuristic_bwd, heuristic_fwd
 from ..plans import BwdPlan, FwdPlan, bwd_fields, fwd_fields
 from ..table import table_key
 from . import problem
-from .tune_candidates import (bwd_from, dkdv_candidates, dq_candidates, fwd_candidates, fwd_ws_candidates,  # noqa: F401
-                              fwd_ws_from, onepass_candidates, onepass_from, ws_candidates, ws_from)
+from .tune_candidates import (  # noqa: F401
+    bwd_from,
+    dkdv_candidates,
+    dq_candidates,
+    fwd_candidates,
+    fwd_ws_candidates,
+    fwd_ws_from,
+    onepass_candidates,
+    onepass_from,
+    ws_candidates,
+    ws_from,
+)
 
 BENCH = "attention/flash_tune"
 TABLE_PATH = Path(__file__).parents[1] / "tuned_configs.py"
