@@ -39,6 +39,7 @@ from cs336_systems.bench.store import ResultStore
 from cs336_systems.distributed import step_trace
 from cs336_systems.distributed.ddp import STAGES
 from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.distributed.rank_times import slowest_per_step
 from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
@@ -93,13 +94,6 @@ def communicate_alone(model: nn.Module, stage: str) -> None:
         for p in (reversed(params) if stage == "overlap" else params):  # arrival order
             model._on_grad_ready(p)
         model.finish_gradient_synchronization()
-
-
-def _slowest(worker: Worker, times: list[float]) -> list[float]:
-    """Per iteration, the slowest rank's time (ranks drift; the step ends when the last one does)."""
-    gathered: list[list[float]] = [None] * worker.world_size  # type: ignore[list-item]
-    dist.all_gather_object(gathered, times)
-    return [max(r[i] for r in gathered) for i in range(len(times))]
 
 
 class StageRun:
@@ -190,9 +184,9 @@ def full_sync(device: torch.device) -> None:
 
 def summarize(worker: Worker, run: StageRun, step_times: list[float], sync_times: list[float],
               alone: list[float], rounds: int) -> dict[str, Any]:
-    steps = _slowest(worker, step_times)
-    syncs = _slowest(worker, sync_times)
-    alone = _slowest(worker, alone) if alone else []
+    steps = slowest_per_step(worker, step_times)
+    syncs = slowest_per_step(worker, sync_times)
+    alone = slowest_per_step(worker, alone) if alone else []
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     return {
         "step_ms": ms(steps), "step_ms_mean": statistics.fmean(steps) * 1e3,

@@ -43,9 +43,9 @@ from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, po
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.distributed import step_trace
-from cs336_systems.distributed.ddp_bench import _slowest
 from cs336_systems.distributed.fsdp.timeline import layer_timeline
 from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.distributed.rank_times import slowest_per_step
 from cs336_systems.model import (
     ModelConfig,
     TransformerLM,
@@ -159,7 +159,7 @@ def measure(worker: Worker, variant: str, cfg: ModelConfig, args: argparse.Names
     dist.barrier()
     times = time_steps(run.step, warmup=0, steps=args.steps, device=dev).times
     peak = [_memory(dev, "max_memory_allocated"), _memory(dev, "max_memory_reserved"), after_init]
-    steps = _slowest(worker, list(times))
+    steps = slowest_per_step(worker, list(times))
     per_rank: list[Any] = [None] * worker.world_size
     dist.all_gather_object(per_rank, peak)
     trace = None

@@ -42,6 +42,7 @@ from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.sweep import exit_code, run_sweep
 from cs336_systems.bench.timing import synchronize
 from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.distributed.rank_times import slowest_per_step
 from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
@@ -93,12 +94,6 @@ def _finish(module: torch.nn.Module) -> None:
         finish()
 
 
-def _slowest(worker: Worker, times: list[float]) -> list[float]:
-    per_rank: list[Any] = [None] * worker.world_size
-    dist.all_gather_object(per_rank, times)
-    return [max(r[i] for r in per_rank) for i in range(len(times))]
-
-
 # --8<-- [start:measure]
 def measure_method(worker: Worker, method: str, ddp: str, cfg: ModelConfig, batch: int,
                    warmup: int, steps: int) -> dict[str, Any]:
@@ -135,7 +130,7 @@ def measure_method(worker: Worker, method: str, ddp: str, cfg: ModelConfig, batc
         if i >= warmup:
             step_times.append(t2 - t0)
             opt_times.append(t2 - t1)
-    step_times, opt_times = _slowest(worker, step_times), _slowest(worker, opt_times)
+    step_times, opt_times = slowest_per_step(worker, step_times), slowest_per_step(worker, opt_times)
     # --8<-- [end:measure]
     n_params = sum(p.numel() for p in model.parameters())
     del module, opt, model, loss
@@ -188,7 +183,7 @@ def measure_collectives(worker: Worker, cfg: ModelConfig, reps: int = 5) -> list
             fn()
             synchronize(dev)
             times.append(time.perf_counter() - t0)
-        times = _slowest(worker, times)
+        times = slowest_per_step(worker, times)
         rows.append({"op": op, "bytes": numel * 4, "tensors": len(tensors) if op.startswith("broadcast") else 1,
                      "reps": reps, "ms": statistics.median(times) * 1e3,
                      "ms_min": min(times) * 1e3, "loadavg_1m": os.getloadavg()[0]})
