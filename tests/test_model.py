@@ -1,4 +1,4 @@
-"""The LM against SPEC.md section 1 and against an independent functional implementation.
+"""The LM against the course handout's model-size table and against an independent functional implementation.
 
 The reference below shares no code with cs336_systems.model: RoPE by complex multiplication,
 attention by torch's F.scaled_dot_product_attention, RMSNorm by its formula, SwiGLU by F.silu,
@@ -26,7 +26,7 @@ from cs336_systems.model import (
 from cs336_systems.model import attention as attention_module
 from tests.tolerances import assert_relative_error, assert_within, gamma, transformer_rounding_depth, unit_roundoff
 
-# SPEC.md section 1: (total, non-embedding); small exact, the others to the precision shown (0.1M).
+# The handout's size table, (total, non-embedding) parameters; small exact, the others to the precision shown (0.1M).
 SPEC_COUNTS = {
     "small": (128_625_408, 120_945_408),
     "medium": (423.2e6, 412.9e6),

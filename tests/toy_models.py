@@ -1,4 +1,5 @@
-"""Toy models and a single-process reference trainer for the distributed tests (SPEC.md section 3).
+"""Toy models and a single-process reference trainer for the distributed tests (the shapes
+of the course's own DDP test models).
 
 The models are tiny on purpose (the largest tensor is 50 x 10 fp32 = 2000 bytes), so bucket caps
 such as 0.0001 MB (= 104.9 bytes) force a parameter larger than the cap alone into its bucket.
