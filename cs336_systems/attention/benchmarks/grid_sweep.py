@@ -99,7 +99,12 @@ def measure_cell(store, cell: dict, impls: list[str], args, written: list) -> No
     cudnn_ms = {m: r["median_ms"] for m in ("fwd", "fwd_bwd")
                 if (r := store.newest({**cell, "impl": "cudnn", "mode": m})) and r.get("median_ms")}
     for impl in todo:
+        mode = "fwd"
         try:
+            if impl == "flex":
+                # a fresh compile cache per cell: past torch.compile's recompile limit flex_attention
+                # silently falls back to its unfused path, which would be timed as if it were flex
+                torch._dynamo.reset()
             f = make_attention(impl, causal)
             steps = {"fwd": lambda: f(q, k, v), "fwd_bwd": lambda: f(q, k, v).backward(do)}
             for mode, step in steps.items():
@@ -116,7 +121,7 @@ def measure_cell(store, cell: dict, impls: list[str], args, written: list) -> No
                       f"{ms:8.3f} ms  vs cuDNN {row['speed_vs_cudnn'] or float('nan'):.2f}x", file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001 - one failing implementation must not sink the cell
             status = "oom" if is_oom(exc) else "error"
-            written.append(store.append({**cell, "impl": impl, "mode": "fwd_bwd"}, status=status,
+            written.append(store.append({**cell, "impl": impl, "mode": mode}, status=status,
                                         error=f"{type(exc).__name__}: {exc}"))
         finally:
             q.grad = k.grad = v.grad = None
