@@ -63,24 +63,25 @@ def test_the_6_rank_1_gb_cell_ran():
     assert _t(CPU, "gloo+cpu", 6, GB) > 0  # cell() raises unless the row is ok
 
 
-def test_cpu_knee_is_below_1_mb_and_large_sizes_are_worse_than_linear():
-    # CPU: "At 1 MB the bus bandwidth (...) is already higher than at 1 GB (...), so over loopback
-    # the knee lies below 1 MB"
-    assert _t(CPU, "gloo+cpu", 2, 1, "busbw_gbps") > _t(CPU, "gloo+cpu", 2, GB, "busbw_gbps")
+def test_cpu_knee_is_below_1_mb_and_growth_is_less_than_linear():
+    # CPU: "The fit puts the knee at ... MB"; "Just past the knee, at 1 MB, the bus bandwidth (...) is
+    # still below what 1 GB reaches (...)"
     assert c.knee_mb(CPU, "gloo+cpu") < 1
-    # "From 1 MB to 1 GB the time grows ...x for 1024x the bytes, more than linear" (more: by 20%)
-    assert _t(CPU, "gloo+cpu", 2, GB) / _t(CPU, "gloo+cpu", 2, 1) > 1.2 * 1024
+    assert _t(CPU, "gloo+cpu", 2, 1, "busbw_gbps") < _t(CPU, "gloo+cpu", 2, GB, "busbw_gbps")
+    # "from 1 MB to 1 GB the time grows ...x for 1024x the bytes: less than linear"
+    assert _t(CPU, "gloo+cpu", 2, GB) / _t(CPU, "gloo+cpu", 2, 1) < 1024
 
 
-def test_more_ranks_lower_the_cpu_bus_bandwidth_and_4_vs_6_is_noise():
+def test_more_ranks_lower_the_cpu_bus_bandwidth_and_6_ahead_of_4_is_scheduling():
     # CPU: "At 1 GB the bus bandwidth falls from ... on 2 ranks to ... on 4 and ... on 6"
     bw = {n: _t(CPU, "gloo+cpu", n, GB, "busbw_gbps") for n in (2, 4, 6)}
     assert bw[2] > bw[4] and bw[2] > bw[6]
-    # "That 6 ranks come out ahead of 4 is not a finding: the two 1 GB times ... differ by less
-    # than their standard deviations added"
+    # "In this run 6 ranks came out ahead of 4, the two 1 GB times ... differing by a little more
+    # than their standard deviations added" (a little: less than twice)
     assert bw[6] > bw[4]
-    gap = abs(_t(CPU, "gloo+cpu", 4, GB) - _t(CPU, "gloo+cpu", 6, GB))
-    assert gap < _t(CPU, "gloo+cpu", 4, GB, "time_ms_std") + _t(CPU, "gloo+cpu", 6, GB, "time_ms_std")
+    gap = _t(CPU, "gloo+cpu", 4, GB) - _t(CPU, "gloo+cpu", 6, GB)
+    stds = _t(CPU, "gloo+cpu", 4, GB, "time_ms_std") + _t(CPU, "gloo+cpu", 6, GB, "time_ms_std")
+    assert stds < gap < 2 * stds
 
 
 def test_only_two_gpus_were_measured():

@@ -147,23 +147,25 @@ def test_the_trace_shows_overlap_happening_and_not():
     assert hooked_hidden(GPU).min() > 0.5  # "hide from ... to ... of their communication": most
 
 
-def test_cpu_overlap_lead_is_within_the_noise_but_its_wait_and_comm_are_shorter():
-    # CPU: "its step-time lead is within one step's standard deviation"
-    lead = min(_at(CPU, "naive", "step_ms"), _at(CPU, "flat", "step_ms")) - _at(CPU, "overlap", "step_ms")
-    assert 0 < lead < _at(CPU, "overlap", "step_ms_std")
-    # "The overlapped stage waited ... ms in finish, against ... (naive) and ... (flat)"
+def test_cpu_overlap_waits_less_and_leads_but_its_comm_alone_is_longer():
+    # CPU: "The overlapped stage waited ... ms in finish, against ... (naive) and ... (flat), and its
+    # step is shorter than both by more than one step's standard deviation"
     assert _at(CPU, "overlap", "sync_ms") < min(_at(CPU, "naive", "sync_ms"), _at(CPU, "flat", "sync_ms"))
-    # "Its communication alone (...) is also below naive's"
-    assert _at(CPU, "overlap", "comm_alone_ms") < _at(CPU, "naive", "comm_alone_ms")
-    # "All the fixed costs together come to only about ... ms with the fitted o" -- less than the gap
+    lead = min(_at(CPU, "naive", "step_ms"), _at(CPU, "flat", "step_ms")) - _at(CPU, "overlap", "step_ms")
+    assert lead > _at(CPU, "overlap", "step_ms_std")
+    # "Timed alone, though, its communication (...) took longer than naive's"
+    assert _at(CPU, "overlap", "comm_alone_ms") > _at(CPU, "naive", "comm_alone_ms")
+    # "naive's fixed costs together come to about ... ms, about a third of its communication alone"
     fixed, _ = ddp.naive_terms_ms(CPU)
-    assert fixed < _at(CPU, "naive", "comm_alone_ms") - _at(CPU, "overlap", "comm_alone_ms")
+    assert 0.25 < fixed / _at(CPU, "naive", "comm_alone_ms") < 0.45
 
 
-def test_cpu_per_parameter_stage_hides_less_than_small_buckets():
-    # CPU: "The per-parameter stage hides less (...) than the 1 and 10 MB buckets"
+def test_cpu_per_parameter_stage_hides_less_than_1_mb_buckets_and_about_as_much_as_10_mb():
+    # CPU: "The per-parameter stage hides less (...) than the 1 MB buckets (...) and about as much as
+    # the 10 MB ones" (about: within 10 points)
     h = ddp.hidden(CPU)
-    assert h["overlap"] < min(h["bucketed 1 MB"], h["bucketed 10 MB"])
+    assert h["overlap"] < h["bucketed 1 MB"]
+    assert abs(h["overlap"] - h["bucketed 10 MB"]) < 0.10
 
 
 # ---- ddp_bucketed_benchmarking ---------------------------------------------------------------------
@@ -212,20 +214,24 @@ def test_the_model_underestimates_and_does_not_fall_like_the_measurement():
     assert list(df["sync_ms"]) == sorted(df["sync_ms"], reverse=True)
 
 
-def test_cpu_caps_cannot_be_told_apart():
-    # CPU: "The fastest and the slowest cap differ by ... ms, less than the typical standard deviation
-    # of one step"; "our best cap differs from PyTorch's DDP ... by less than that noise too"
-    b = ddp.bucketed(CPU)
+def test_cpu_step_grows_with_the_cap_by_about_one_steps_noise():
+    # CPU: "The step time grows with the cap, from 1 MB to 1000 MB, but the fastest and the slowest cap
+    # differ by only ... ms, about the typical standard deviation of one step" (about: within 1.5x)
+    b = ddp.bucketed(CPU).sort_values("bucket_size_mb")
+    assert b["step_ms"].is_monotonic_increasing
     noise = b["step_ms_std"].median()
-    assert b["step_ms"].max() - b["step_ms"].min() < noise
+    assert b["step_ms"].max() - b["step_ms"].min() < 1.5 * noise
+    # "our best cap differs from PyTorch's DDP ... by less than that noise"
     assert abs(b["step_ms"].min() - _at(CPU, "torch-ddp", "step_ms")) < noise
     # "the 100 and 1000 MB caps both make one bucket"
     assert set(b[b["bucket_size_mb"] >= 100]["allreduce_calls"]) == {1}
 
 
-def test_cpu_model_lies_below_and_ranks_the_same_cap_best():
-    # CPU: "The measured overheads lie above the model"; "The model and the measurement rank the same
-    # cap best"
+def test_cpu_model_lies_below_and_ranks_the_caps_differently():
+    # CPU: "The measured overheads lie above the model"; "the model puts 10 MB first, the measurement
+    # 1 MB, and the measured overhead grows with the cap"
     df = ddp.model_vs_measured(CPU)
     assert (df["measured_ms"] > df["model_ms"]).all()
-    assert df["model_ms"].idxmin() == df["measured_ms"].idxmin()
+    caps = ddp.bucketed(CPU).sort_values("bucket_size_mb")["bucket_size_mb"].tolist()
+    assert caps[df["model_ms"].idxmin()] == 10 and caps[df["measured_ms"].idxmin()] == 1
+    assert df["measured_ms"].is_monotonic_increasing
