@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.bench.provenance import PROVENANCE_FIELDS
-from cs336_systems.bench.store import REPO_ROOT, ResultStore, results_path
+from cs336_systems.bench.store import REPO_ROOT, read_rows, results_path
 
 RESULTS_ROOT = REPO_ROOT / "results"
 # Files the current build has read: a test checks each exists and the site names its source.
@@ -33,9 +33,7 @@ def load_results(bench: str, device: str = "nvidia-h200", *, root: str | Path | 
             f"results file {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path} "
             f"is missing: run `just bench ...` for {bench!r} on a {device} machine and commit it")
     READ_LOG.append(path)
-    rows = ResultStore.__new__(ResultStore)  # reuse the reader without needing the key
-    rows.path, rows.bench = path, bench
-    df = pd.DataFrame(rows.rows())
+    df = pd.DataFrame(read_rows(path))
     if status is not None and not df.empty:
         df = df[df["status"] == status]
     return df.reset_index(drop=True)
