@@ -55,6 +55,7 @@ CASES = [
     ("flash-grid", ["--impls", "naive"], "--impls"),
     ("flash-host", ["--calls", "0"], "--calls"),
     ("flash-host", ["--seq", "0"], "--seq"),
+    ("flash-host", ["--profile", "no/such/folder/profile.txt"], "--profile"),
     ("flash-tune", ["tune", "--workers", "0"], "--workers"),
     ("flash-ab-dkdv", ["--variant", "no-equals-sign"], "--variant"),
     ("flash-ab-dkdv", ["--variant", "x=/nonexistent.py"], "--variant"),

@@ -185,6 +185,34 @@ def test_tune_flow_on_the_interpreter(tmp_path, monkeypatch):
     assert set(tune.choose(store.rows())["bwd"]) == {"bf16-d16-causal-large"}
 
 
+def test_tuner_times_each_key_under_its_own_mask(monkeypatch):
+    """A non-causal key's candidates run (and are checked) with the non-causal kernels, a causal
+    key's with the causal ones: the mask comes from the key."""
+    from cs336_systems.attention import flash_launch
+
+    seen = []
+    real = flash_launch.launch_fwd
+    monkeypatch.setattr(problem, "DEVICE", "cpu")
+    monkeypatch.setattr(flash_launch, "launch_fwd", lambda q, k, v, causal, *a: seen.append(causal) or real(q, k, v, causal, *a))
+    monkeypatch.setattr(problem, "launch_fwd", flash_launch.launch_fwd)
+    for key, causal in (("bf16-d16-full-large", False), ("bf16-d16-causal-large", True)):
+        seen.clear()
+        fn = tune._runner("fwd", FwdPlan(FwdConfig(16, 16, 1, 1)), problem.prepare(1, 32, 16, torch.float32, causal),
+                          tune.key_is_causal(key))
+        fn()
+        assert seen == [causal, causal]  # the problem's forward, then the candidate's
+
+
+def test_grid_keys_cover_both_masks_and_the_training_steps_cell():
+    shapes = tune.tune_shapes("grid")
+    keys = {s[0] for s in shapes}
+    assert {"bf16-d64-full-medium", "bf16-d64-full-large", "bf16-d128-full-medium", "bf16-d128-full-large"} <= keys
+    # the 2026 training step's attention, 32 heads x 32,768 at d = 128, is its own size class
+    assert tables.size_class(32, 32768, 32768) == "huge" and "bf16-d128-causal-huge" in keys
+    for key, Z, N, d, dt, _ in shapes:  # each key is tuned at a shape of its own class
+        assert tables.table_key(torch.bfloat16, d, tune.key_is_causal(key), tables.size_class(Z, N, N)) == key
+
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU variant of the flow; on a GPU the real benchmarks run instead")
 def test_sweep_flow_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(flash_sweep, "DEVICE", "cpu")

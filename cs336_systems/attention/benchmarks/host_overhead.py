@@ -7,7 +7,11 @@ piece of our call path (input checks, tensor descriptors, the Triton launch, aut
 torch.compile around it) is issued many times behind a long `torch.cuda._sleep`, so nothing waits
 on the GPU and the wall time per call is the host's alone.
 
-    just bench flash-host [--calls 50] [--rounds 5]
+    just bench flash-host [--calls 50] [--rounds 5] [--profile FILE]
+
+--profile FILE: afterwards, the eager forward+backward step (Fn.apply, then backward) under cProfile
+for --calls calls, the GPU kept busy the same way; the functions with the most own time go to FILE
+(pstats text), to show where the host's microseconds go.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -51,6 +56,7 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
     q4, k4, v4 = (t.detach().unsqueeze(1) for t in (q, k, v))  # (Z, 1, N, d): how the kernels see them
     tuned = lookup_fwd(TUNED, torch.bfloat16, d, True, batch, seq, seq).tiles  # the Triton launch's tiles
     ours, cudnn = make_attention("ours", heads), make_attention("cudnn", heads)
+    eager = lambda q, k, v: FlashAttentionFast.apply(q, k, v, True)  # noqa: E731
 
     def step(f):
         def run():
@@ -61,6 +67,7 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
         "cudnn: forward": lambda: cudnn(q, k, v),
         "ours: forward (torch.compile(Fn.apply), the leaderboard's call)": lambda: ours(q, k, v),
         "ours: forward (Fn.apply, eager)": lambda: FlashAttentionFast.apply(q, k, v, True),
+        "ours: forward+backward step (Fn.apply, eager)": step(eager),
         "ours: input checks": lambda: check_triton_inputs(q, k, v, True),
         "ours: launch_fwd, TMA loads": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=True)),
         "ours: launch_fwd, pointers": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=False)),
@@ -81,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=at_least(1), default=50, help="calls per timing (all queued behind one GPU spin)")
     ap.add_argument("--rounds", type=at_least(1), default=5, help="timings per piece; the median is reported")
     ap.add_argument("--results-dir", default=None)
+    ap.add_argument("--profile", default=None, metavar="FILE", help="write a cProfile of the eager step to FILE")
     args = ap.parse_args(argv)
+    if args.profile and not Path(args.profile).resolve().parent.is_dir():
+        ap.error(f"--profile: the folder of {args.profile} does not exist")
     if args.batch % args.heads:
         ap.error(f"--heads must divide --batch, got {args.heads} and {args.batch}")
     if not torch.cuda.is_available():
@@ -95,7 +105,30 @@ def main(argv: list[str] | None = None) -> int:
         store.append({"run": run, "piece": name, "batch": args.batch, "seq": args.seq, "d": args.d,
                       "calls": args.calls}, {"host_us": statistics.median(us), "host_us_min": min(us)})
         print(f"[host] {statistics.median(us):8.1f} us/call (min {min(us):.1f})  {name}", flush=True)
+    if args.profile:
+        profile_step(pieces(args.batch, args.heads, args.seq, args.d)["ours: forward+backward step (Fn.apply, eager)"],
+                     args.calls, Path(args.profile))
     return 0
+
+
+def profile_step(fn: Callable[[], object], calls: int, path: Path) -> None:
+    """cProfile of `calls` calls of `fn` issued behind a GPU spin; the top 40 by own time to `path`."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SPIN_CYCLES)
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+    path.write_text(text.getvalue())
+    print(f"[host] profile of {calls} eager steps -> {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from ..tiles import INTERPRETER_BWD, INTERPRETER_FWD, heuristic_bwd, heuristic_f
 from ..triton_loader import interpreting, next_power_of_2
 from .plans import BwdPlan, FwdPlan, bwd_plan, fwd_plan
 
-SIZE_FALLBACK = {"small": ("small", "medium", "large"), "medium": ("medium", "large"), "large": ("large", "medium")}
+SIZE_FALLBACK = {"small": ("small", "medium", "large"), "medium": ("medium", "large"), "large": ("large", "medium"),
+                 "huge": ("huge", "large", "medium")}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -23,15 +24,22 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def size_class(n_bh: int, n_queries: int, n_keys: int) -> str:
-    """How much parallel work a launch has: rows of (batch*heads) x seq. Tuned per class."""
+    """How much parallel work a launch has: rows of (batch*heads) x seq. Tuned per class. "huge"
+    (past 2^19 rows, e.g. 32 heads x 32k: a training step's attention) has loops long enough and
+    programs many enough that other tiles win there."""
     rows = n_bh * max(n_queries, n_keys)
-    return "small" if rows <= 4096 else "medium" if rows <= 32768 else "large"
+    return "small" if rows <= 4096 else "medium" if rows <= 32768 else "large" if rows <= 2**19 else "huge"
 
 
 def table_key(dtype: torch.dtype, head_dim: int, causal: bool, size: str) -> str:
     # fp16 runs the bf16 entries: same width, same tensor-core rate.
     name = "bf16" if dtype == torch.float16 else dtype_name(dtype)
     return f"{name}-d{next_power_of_2(max(head_dim, 16))}-{'causal' if causal else 'full'}-{size}"
+
+
+def key_is_causal(key: str) -> bool:
+    """Whether a table key (`table_key`) names the causal mask."""
+    return "-causal-" in key
 
 
 def _entry(table: dict, kind: str, dtype: torch.dtype, head_dim: int, causal: bool, size: str) -> dict | None:

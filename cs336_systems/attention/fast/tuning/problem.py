@@ -19,10 +19,10 @@ def inputs(Z: int, N: int, d: int, dtype: torch.dtype, seed: int = 0):
     return tuple(torch.randn(Z, 1, N, d, device=DEVICE, dtype=dtype, generator=g) for _ in range(4))
 
 
-def prepare(Z: int, N: int, d: int, dtype: torch.dtype):
-    """(q, k, v, dO, O, L, Delta): what every backward kernel reads, from the default forward (causal)."""
+def prepare(Z: int, N: int, d: int, dtype: torch.dtype, causal: bool = True):
+    """(q, k, v, dO, O, L, Delta): what every backward kernel reads, from the default forward."""
     q, k, v, do = inputs(Z, N, d, dtype)
-    o, L = launch_fwd(q, k, v, True)
+    o, L = launch_fwd(q, k, v, causal)
     return q, k, v, do, o, L, launch_preprocess(o, do)
 
 

@@ -1,9 +1,9 @@
 """Choose tile sizes / warps / stages for the FlashAttention-2 kernels by measurement.
 
-    just bench flash-tune tune [--only leaderboard|sweep] [--kinds ...] [--write]
+    just bench flash-tune tune [--only leaderboard|sweep|grid] [--kinds ...] [--write]
     just bench flash-tune write-table
 
-For each table key (dtype, padded head dim, causal, size class) at a representative shape, every
+For each table key (dtype, padded head dim, mask, size class) at a representative shape, every
 candidate of each kernel (forward, dK/dV pass, dQ pass, one-pass backward, the Gluon forward and
 one-pass backward where they apply, then fused launches of the best dK/dV and dQ pairs) is compiled
 (in parallel worker processes, which fill Triton's on-disk cache), checked against the heuristic
@@ -38,7 +38,7 @@ from cs336_systems.bench.store import ResultStore
 
 from ...tiles import BwdConfig, heuristic_bwd, heuristic_fwd
 from ..plans import BwdPlan, FwdPlan, bwd_fields, fwd_fields
-from ..table import table_key
+from ..table import key_is_causal, table_key
 from . import problem
 from .tune_candidates import (  # noqa: F401
     bwd_from,
@@ -61,7 +61,8 @@ TMA = (False, True)  # tile loads by pointers, or by tensor descriptors (flash_l
 KINDS = ("fwd", "fwd_ws", "dkdv", "dq", "onepass", "ws", "fused")
 
 
-# (key, Z, N, d, dtype, wide search). The leaderboard shape stands for bf16-d64-causal-large.
+# (key, Z, N, d, dtype, wide search); the mask is the key's (`key_is_causal`). Z stands for
+# batch x heads (the problem is (Z, 1, N, d)). The leaderboard shape stands for bf16-d64-causal-large.
 def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
     leaderboard = (table_key(torch.bfloat16, 64, True, "large"), 16, 16384, 64, "bf16", True)
     shapes = [leaderboard] if only in (None, "leaderboard") else []
@@ -74,6 +75,13 @@ def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
             key = table_key({"bf16": torch.bfloat16, "fp32": torch.float32}[dt], d, True, size)
             if key != leaderboard[0]:
                 shapes.append((key, 1, n, d, dt, False))
+    if only in (None, "grid"):
+        # The flash-grid's shapes (bf16, d 64/128, 16 or 32 heads, 1k-32k): the non-causal keys at a
+        # middle shape of their size class (16 x 2,048; 32 x 8,192), and the training step's
+        # attention (32 heads x 32,768, d = 128, causal: the "huge" class) with the wide search.
+        for d, (size, Z, n) in itertools.product((64, 128), (("medium", 16, 2048), ("large", 32, 8192))):
+            shapes.append((table_key(torch.bfloat16, d, False, size), Z, n, d, "bf16", False))
+        shapes.append((table_key(torch.bfloat16, 128, True, "huge"), 32, 32768, 128, "bf16", True))
     return shapes
 
 
@@ -84,7 +92,7 @@ def _fields(kind: str, plan) -> dict:
     return fwd_fields(plan) if kind in ("fwd", "fwd_ws") else bwd_fields(plan)
 
 
-def _runner(kind: str, plan, state):
+def _runner(kind: str, plan, state, causal: bool):
     from ...flash_launch import launch_bwd_fused, launch_dkdv, launch_dq, launch_fwd
     from ..gluon.fwd_ws import launch_fwd_ws
     from ..gluon.onepass_ws import launch_bwd_onepass_ws
@@ -93,25 +101,25 @@ def _runner(kind: str, plan, state):
     q, k, v, do, o, L, delta = state
     c, g = plan.tiles, plan.gluon
     if kind == "fwd":
-        return lambda: launch_fwd(q, k, v, True, c)[0]
+        return lambda: launch_fwd(q, k, v, causal, c)[0]
     if kind == "fwd_ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
-        return lambda: launch_fwd_ws(q, k, v, True, g.block_n, g.stages, g.warpgroups)[0]
+        return lambda: launch_fwd_ws(q, k, v, causal, g.block_n, g.stages, g.warpgroups)[0]
     if kind == "dkdv":
-        return lambda: launch_dkdv(q, k, v, do, L, delta, True, c)
+        return lambda: launch_dkdv(q, k, v, do, L, delta, causal, c)
     if kind == "dq":
-        return lambda: launch_dq(q, k, v, do, L, delta, True, c)
+        return lambda: launch_dq(q, k, v, do, L, delta, causal, c)
     if kind == "onepass":  # dQ, dK, dV (with the zeroing and the cast of the fp32 dQ buffer)
-        return lambda: launch_bwd_onepass(q, k, v, do, L, delta, True, c)
+        return lambda: launch_bwd_onepass(q, k, v, do, L, delta, causal, c)
     if kind == "ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
-        return lambda: launch_bwd_onepass_ws(q, k, v, do, L, delta, True, g.stages, g.slots, g.dq_regs)
-    return lambda: launch_bwd_fused(q, k, v, do, L, delta, True, c)
+        return lambda: launch_bwd_onepass_ws(q, k, v, do, L, delta, causal, g.stages, g.slots, g.dq_regs)
+    return lambda: launch_bwd_fused(q, k, v, do, L, delta, causal, c)
 
 
 def _compile_job(job: tuple) -> str | None:
     """Run one candidate once (in a worker): compiles it into Triton's on-disk cache."""
-    kind, config, Z, N, d, dt = job
+    kind, config, Z, N, d, dt, causal = job
     try:
-        _runner(kind, config, problem.prepare(Z, N, d, DTYPES[dt]))()
+        _runner(kind, config, problem.prepare(Z, N, d, DTYPES[dt], causal), causal)()
         if problem.DEVICE == "cuda":
             torch.cuda.synchronize()
         return None
@@ -122,7 +130,7 @@ def _compile_job(job: tuple) -> str | None:
 def precompile(pool: cf.Executor | None, jobs: list[tuple]) -> dict[tuple, str | None]:
     """Compile every distinct (kernel, config, d, dtype) once, in parallel worker processes that
     share Triton's disk cache; returns the compile error (or None) of each job."""
-    identity = lambda j: (j[0], j[1], j[4], j[5])  # noqa: E731 - shapes of one size share a binary
+    identity = lambda j: (j[0], j[1], j[4], j[5], j[6])  # noqa: E731 - shapes of one size share a binary
     unique = list({identity(j): j for j in jobs}.values())
     errors = list(pool.map(_compile_job, unique, chunksize=1)) if pool else [_compile_job(j) for j in unique]
     by_identity = {identity(j): e for j, e in zip(unique, errors)}
@@ -134,24 +142,24 @@ def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: i
     """Check each compiled candidate against the heuristic config's result, then time it."""
     from cs336_systems.bench.timing import gpu_bench
 
-    dtype = DTYPES[dt]
-    state = problem.prepare(Z, N, d, dtype)
+    dtype, causal = DTYPES[dt], key_is_causal(key)
+    state = problem.prepare(Z, N, d, dtype, causal)
     base = FwdPlan(heuristic_fwd(dtype, d)) if kind in ("fwd", "fwd_ws") else BwdPlan(heuristic_bwd(dtype, d))
     if kind == "fwd_ws":  # checked against the Triton forward
-        want = _runner("fwd", base, state)()
+        want = _runner("fwd", base, state, causal)()
     elif kind in ("onepass", "ws"):  # checked against the two-pass (dQ, dK, dV), not against itself
-        want = (_runner("dq", base, state)(), *_runner("dkdv", base, state)())
+        want = (_runner("dq", base, state, causal)(), *_runner("dkdv", base, state, causal)())
     else:
-        want = _runner(kind, base, state)()
+        want = _runner(kind, base, state, causal)()
     tol = 1e-2 if dtype == torch.float32 else 3e-2
     results = []
     for config in configs:
         cfg = {"key": key, "kernel": kind, "config": _fields(kind, config), "run": run, "Z": Z, "seq": N, "d": d, "dtype": dt}
-        error = errors[(kind, config, Z, N, d, dt)]
+        error = errors[(kind, config, Z, N, d, dt, causal)]
         if error:
             store.append(cfg, status="unsupported", error=error)
             continue
-        fn = _runner(kind, config, state)
+        fn = _runner(kind, config, state, causal)
         try:
             err = problem.rel_err(fn(), want)
         except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at launch
@@ -175,8 +183,9 @@ def confirm(store: ResultStore, run: str, key: str, Z: int, N: int, d: int, dt: 
     top = [c for _, c in ranked[:CONFIRM_TOP]]
     if len(top) < 2:
         return ranked
-    state = problem.prepare(Z, N, d, DTYPES[dt])
-    runners = [_runner(kind, c, state) for c in top]
+    causal = key_is_causal(key)
+    state = problem.prepare(Z, N, d, DTYPES[dt], causal)
+    runners = [_runner(kind, c, state, causal) for c in top]
     times: list[list[float]] = [[] for _ in top]
     for r in range(CONFIRM_ROUNDS):
         for c, fn, ts in zip(top, runners, times):
@@ -205,7 +214,8 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
             "onepass": [onepass_from(c, t) for c in onepass_candidates(dtype, d, wide) for t in TMA],
             "ws": [ws_from(c, dtype, d) for c in ws_candidates(dtype, d, wide)]}
         plans.append((key, Z, N, d, dt, wide, {kind: cs for kind, cs in cands.items() if kind in kinds and cs}))
-    jobs = [(kind, c, Z, N, d, dt) for _, Z, N, d, dt, _, cands in plans for kind, cs in cands.items() for c in cs]
+    jobs = [(kind, c, Z, N, d, dt, key_is_causal(key)) for key, Z, N, d, dt, _, cands in plans
+            for kind, cs in cands.items() for c in cs]
     started = time.perf_counter()
     errors = precompile(pool, jobs)
     print(f"[tune] compiled {len(jobs)} candidates in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
@@ -228,7 +238,7 @@ def tune(store: ResultStore, shapes: list[tuple], pool: cf.Executor | None, writ
                                        a.num_warps1, a.num_stages1, True, tma1=a.tma1, tma2=b.tma2))
                      for a, b in itertools.product(dkdv_pool, dq_pool)]
             fused_plans.append((key, Z, N, d, dt, wide, fused))
-    jobs = [("fused", c, Z, N, d, dt) for _, Z, N, d, dt, _, cs in fused_plans for c in cs]
+    jobs = [("fused", c, Z, N, d, dt, key_is_causal(key)) for key, Z, N, d, dt, _, cs in fused_plans for c in cs]
     errors = precompile(pool, jobs)
     for key, Z, N, d, dt, wide, cs in fused_plans:
         confirm(store, run, key, Z, N, d, dt, wide, "fused",
@@ -311,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="flash-tune", description="measure launch plans on this GPU, or regenerate the table")
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("tune", help="measure candidates on this GPU")
-    t.add_argument("--only", choices=["leaderboard", "sweep"], default=None)
+    t.add_argument("--only", choices=["leaderboard", "sweep", "grid"], default=None)
     t.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     t.add_argument("--write", action="store_true", help="regenerate tuned_configs.py afterwards")
     t.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
