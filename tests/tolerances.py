@@ -190,3 +190,43 @@ def transformer_rounding_depth(cfg, seq: int, batch: int, backward: bool = True)
     if not backward:
         return forward
     return 2 * (forward + cfg.vocab_size + 6) + batch * seq
+
+
+# -- one AdamW step after another, elementwise: roundings along the longest path ----------------------
+
+def compound_gamma(counts: dict[torch.dtype, int]) -> float:
+    """The relative error of a path with counts[dtype] roundings in each dtype (float32 arithmetic
+    whose results are stored in bfloat16, say): the product of the factors (1 + gamma_n(dtype)), less 1."""
+    out = 1.0
+    for dtype, n in counts.items():
+        out *= 1 + gamma(n, dtype)
+    return out - 1
+
+
+def adamw_rounding_depth(steps: int) -> dict[str, int]:
+    """An upper bound on the roundings along any path of an AdamW run of `steps` steps, elementwise,
+    in the arithmetic dtype: {"exp_avg": ..., "exp_avg_sq": ..., "param": ...}.
+
+    Per step, with host scalars (beta1, 1 - beta1, lr / (1 - beta1^t), ...) each rounded once to the
+    arithmetic dtype when they meet a tensor:
+      m: at most 4 per step: a scalar, a product, a sum; or, written as the lerp m + w (g - m), the
+         difference, w, the product, the sum. (The lerp form expands into the terms m, w g and -w m:
+         its magnitude recursion is (1 + w) M + w |g|, not (1 - w) M + w |g|.)
+      v: at most 4 per step: the new term (1 - beta2) g g has a scalar and two products, plus the sum.
+         All of v's terms are >= 0: its error is relative to v itself.
+      denominator sqrt(v) / sqrt(1 - beta2^t) + eps: v's path (the sqrt of a product of k factors
+         (1 + d)^(+-1) is a product of k factors (1 + d)^(+-1/2), within gamma_k), then the sqrt, the
+         host scalar, the division, eps, the sum: 5. Both terms >= 0: again relative.
+      update step_size m / denom: step_size, the product, the division (the denominator's factors
+         enter as (1 + theta)^-1): 3, plus 1 for the subtraction from p.
+      p carried: p (1 - lr wd), a scalar and a product, then the subtraction: 3 per step.
+    The update of step t reaches p_T through 4t (m) + 4t (v) + 5 + 3 + 1 + 3 (T - t) roundings,
+    at most 8T + 9 at t = T; p_0 through 3T. The gradients are given: no feedback through p.
+    A storage dtype coarser than the arithmetic one adds, per step, one rounding of each of m, v, p
+    at the store: m_T and v_T see T of them, p_T at most 2T + 1 (t of m's and v's in step t's
+    update, then T - t + 1 of p's).
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return {"exp_avg": 4 * steps, "exp_avg_sq": 4 * steps, "param": 8 * steps + 9,
+            "param_stores": 2 * steps + 1, "moment_stores": steps}
