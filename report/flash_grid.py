@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
+from cs336_systems.attention.benchmarks.grid_sweep import KEY as GRID_KEY
 from cs336_systems.attention.fast.table import (
     SIZE_FALLBACK,
     _entry,
@@ -37,8 +38,12 @@ IMPL_WORDS = {"ours": "ours", "cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2 C
 
 
 def grid_rows(status: str | None = "ok") -> pd.DataFrame:
-    """The sweep's rows with the cell's columns in words: mask ("causal"/"full"), "batch x heads"."""
-    df = load_results(GRID_BENCH, status=status)
+    """The sweep's rows with the cell's columns in words: mask ("causal"/"full"), "batch x heads".
+    A cell measured again (`--remeasure`, after a new table) counts by its newest row."""
+    df = load_results(GRID_BENCH)
+    df = df.drop_duplicates(list(GRID_KEY), keep="last")
+    if status is not None:
+        df = df[df["status"] == status]
     return df.assign(mask=df.causal.map({True: "causal", False: "full"}),
                      **{"batch x heads": [f"{b} x {h}" for b, h in zip(df.batch, df.heads)]})
 
