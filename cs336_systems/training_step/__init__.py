@@ -1,0 +1,21 @@
+"""The 2026 leaderboard's full training step: the 8B model, batch 2 x context 32,768, bf16, one
+step (forward, loss, backward, AdamW) timed by triton.testing.do_bench; ours against stock PyTorch.
+
+    arithmetic.py       parameters, model FLOPs, MFU (the H200's datasheet peak), by formula
+    memory_budget.py    bytes per GPU by formula: refuses what cannot fit before anything starts
+    heads.py            the LM head and the loss as one module: full logits, chunked, fused
+    lm_loss.py          the LM and its loss as one module (the plain model; the head swapped in,
+                        per-block activation checkpointing)
+    train_step.py       TrainingStep (what do_bench times), the seeded weights and batch
+    sharding.py         none, torch DDP, FSDP2, our FSDP
+    local_shards.py     an optimizer of plain tensors on FSDP2's local shards
+    variants.py         plain, stock, ours: what each turns on, and building one on a rank
+    timing.py           do_bench on one GPU; its procedure with counts agreed over ranks on several
+    bench.py            `just bench training-step`: the CLI, one row per variant
+
+    fused_ce.py         fused_linear_cross_entropy: LM head + cross-entropy, chunked, Triton
+    fused_adamw.py      FusedAdamW: torch.optim.AdamW's step in one Triton kernel per tensor
+    ce_bench.py, adamw_bench.py    `just bench fused-ce`, `just bench fused-adamw`
+
+Importing the package imports no submodule (and so no Triton); the Triton pieces load on first use.
+"""

@@ -1,0 +1,393 @@
+"""The 2026 leaderboard's training step: one step (forward, loss, backward, AdamW) of the 8B model
+at batch 2 x context 32,768 in bf16, timed by triton.testing.do_bench. Ours against stock PyTorch.
+
+    just bench training-step                                   # 8B, every GPU, stock then ours
+    just bench training-step --variant ours --keep-blocks 4    # ours alone, last 4 blocks kept
+    just bench training-step --variant plain --allow-oom       # the plain model: an OOM row
+    just bench training-step --size tiny --device cpu --dtype fp32 --variant plain stock ours
+    torchrun --nproc-per-node 2 -m cs336_systems.bench training-step      # or --world-size 2
+
+The variants (variants.py): plain (the model as written, DDP), stock (SDPA, chunked loss under
+checkpoint, fused torch AdamW, per-block checkpointing and compile, FSDP2), ours (our
+FlashAttention, fused LM head + cross-entropy, FusedAdamW, per-block checkpointing and compile,
+--shard). Several run one after another in one process group (memory freed between), so their
+ratios come from one run on the same machines. The global batch (--batch) is split over the ranks.
+
+Before any process starts, the memory arithmetic (memory_budget.py) refuses a variant that cannot
+fit (the plain model's (h, S, S) attention scores at 32k: terabytes); --allow-oom runs it anyway
+and records the out-of-memory row. A variant that fails writes a row with its status ("oom",
+"error") and the message; the others still run; the exit code is then 1.
+
+Rows (results/training-step/<device>.jsonl), one per variant: step time (median and mean over the
+timed calls of the slowest rank), MFU against the datasheet peak (arithmetic.py; the H200's 989
+TFLOP/s bf16) and, if results/ceilings has this GPU's measured matmul ceiling, against that too;
+peak memory per GPU (max over ranks, and each rank's); the flags of what was on; do_bench's warmup
+and rep; the loss of the first step and of the last (every variant starts from the same weights
+and batch, so they agree); the wall time from the variant's start to the end of its first step
+(building and compiling included) and to the end of its timing, and from the bench's start.
+--cold-cache points TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR at fresh empty directories, so
+the wall times are those of the course's rule (a result within 10 minutes from empty caches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
+from cs336_systems.bench.device import peak_flops
+from cs336_systems.bench.provenance import device_name, device_slug
+from cs336_systems.bench.store import ResultStore, read_rows, results_path
+from cs336_systems.bench.sweep import free_memory, is_oom
+from cs336_systems.bench.timing import synchronize
+from cs336_systems.distributed.launch import RankFailed, Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.model import ModelConfig, get_config
+from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
+
+from . import arithmetic
+from .memory_budget import GIB, budget
+from .sharding import SHARDS
+from .train_step import StepOptions
+from .variants import VARIANTS, Recipe, recipe_of
+
+BENCH = "training-step"
+KEY = ("variant", "size", "dtype", "batch", "context", "world_size", "flags")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# do_bench's own defaults (triton.testing.do_bench(fn, warmup=25, rep=100)); each is at least one call
+WARMUP_MS, REP_MS = 25.0, 100.0
+CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the ranks need, decided in main() before any of them starts (picklable)."""
+
+    size: str
+    cfg: ModelConfig            # context_length = the run's context
+    dtype_name: str
+    batch: int                  # global
+    recipes: tuple[Recipe, ...]
+    options: StepOptions
+    warmup_ms: float
+    rep_ms: float
+    cold_cache: bool
+    results_dir: str | None
+    device_slug: str
+    started: float              # time.time() at main()'s start
+    run_id: str
+
+
+def _say(worker: Worker, message: str) -> None:
+    if worker.rank == 0:
+        print(f"[{BENCH}] {message}", file=sys.stderr, flush=True)
+
+
+def _gather(worker: Worker, obj: Any) -> list[Any]:
+    if worker.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * worker.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _gib(device: torch.device, what: str) -> float | None:
+    return getattr(torch.cuda, what)(device) / GIB if device.type == "cuda" else None
+
+
+def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
+    """Build the variant, run its first step, time it: this rank's numbers."""
+    from .timing import time_train_step
+    from .variants import build
+
+    dev, started = worker.device, time.time()
+    _say(worker, f"{recipe.variant}: building ({plan.size}, {plan.dtype_name}, batch {plan.batch}, "
+                 f"context {plan.cfg.context_length}, {worker.world_size} rank(s))")
+    step = build(recipe, plan.options, plan.cfg, worker, plan.batch)
+    synchronize(dev)
+    after_build = _gib(dev, "memory_allocated")
+    _say(worker, f"{recipe.variant}: first step" + (" (compiling)" if recipe.compile else ""))
+    t = time.perf_counter()
+    step()
+    synchronize(dev)
+    first_step_s = time.perf_counter() - t
+    loss_first = float(step.last_loss)
+    wall_to_first, since_start_first = time.time() - started, time.time() - plan.started
+    first_peak = _gib(dev, "max_memory_allocated")
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    _say(worker, f"{recipe.variant}: first step {first_step_s:.2f} s; timing (warmup {plan.warmup_ms:g} ms, "
+                 f"rep {plan.rep_ms:g} ms)")
+    timing = time_train_step(step, worker, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms,
+                             first_step_s=first_step_s)
+    return {**timing.summary(), "loss_first_step": loss_first, "loss_last": float(step.last_loss),
+            "first_step_s": first_step_s, "wall_to_first_step_s": wall_to_first,
+            "since_start_to_first_step_s": since_start_first,
+            "wall_total_s": time.time() - started, "since_start_s": time.time() - plan.started,
+            "after_build_gib": after_build, "first_step_peak_gib": first_peak,
+            "peak_allocated_gib": _gib(dev, "max_memory_allocated"),
+            "peak_reserved_gib": _gib(dev, "max_memory_reserved")}
+
+
+def _attempt(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
+    """measure(), with a failure turned into a status; memory freed after, either way."""
+    try:
+        return {"status": "ok", "metrics": measure(worker, plan, recipe)}
+    except Exception as exc:  # a row says what failed; the next variant still runs
+        message = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        return {"status": "oom" if is_oom(exc) else "error", "error": message[0] if message else ""}
+    finally:
+        torch._dynamo.reset()  # the next variant compiles afresh (its first step counts the compile)
+        free_memory()
+
+
+def _ceiling_tflops(slug: str, dtype_name: str) -> float | None:
+    """The measured dense-matmul ceiling of this GPU (results/ceilings), if measured."""
+    from cs336_systems.bench.ceilings import BENCH as CEILINGS
+
+    rows = [r for r in read_rows(results_path(CEILINGS, slug)) if r.get("status") == "ok"
+            and r.get("op") == "matmul" and r.get("dtype") == dtype_name]
+    return rows[-1]["tflops"] if rows else None
+
+
+def row_metrics(plan: Plan, recipe: Recipe, world: int, per_rank: list[dict[str, Any]],
+                device: torch.device) -> dict[str, Any]:
+    """One row's metrics from every rank's numbers (all ranks succeeded)."""
+    cfg, context = plan.cfg, plan.cfg.context_length
+    first = per_rank[0]  # timing: every rank holds the slowest rank's times
+    flops = arithmetic.step_flops(cfg, plan.batch, context)
+    step_s = first["step_ms"] / 1e3
+    peak = peak_flops(device_name(device), plan.dtype_name) if device.type == "cuda" else None
+    measured = _ceiling_tflops(plan.device_slug, plan.dtype_name) if device.type == "cuda" else None
+    peaks = [r["peak_allocated_gib"] for r in per_rank]
+    return {
+        **{k: first[k] for k in ("step_ms", "step_ms_mean", "step_ms_min", "step_ms_max", "n_timed",
+                                 "n_warmup", "timer")},
+        "warmup_ms": plan.warmup_ms, "rep_ms": plan.rep_ms,
+        "tokens": plan.batch * context, "model_flops": flops,
+        "mfu": arithmetic.mfu(flops, step_s, world, peak) if peak else None,
+        "peak_tflops_datasheet": peak / 1e12 if peak else None,
+        "mfu_measured_ceiling": arithmetic.mfu(flops, step_s, world, measured * 1e12) if measured else None,
+        "ceiling_tflops_measured": measured,
+        "peak_allocated_gib": max(peaks) if peaks[0] is not None else None,
+        "peak_allocated_gib_per_rank": peaks if peaks[0] is not None else None,
+        "peak_reserved_gib": max(r["peak_reserved_gib"] for r in per_rank) if peaks[0] is not None else None,
+        "after_build_gib": max(r["after_build_gib"] for r in per_rank) if peaks[0] is not None else None,
+        "first_step_peak_gib": max(r["first_step_peak_gib"] for r in per_rank) if peaks[0] is not None else None,
+        # each rank's loss is the mean over its equal share of the batch: their mean is the batch's
+        "loss_first_step": sum(r["loss_first_step"] for r in per_rank) / world,
+        "loss_last": sum(r["loss_last"] for r in per_rank) / world,
+        **{k: max(r[k] for r in per_rank) for k in ("first_step_s", "wall_to_first_step_s",
+                                                    "since_start_to_first_step_s", "wall_total_s",
+                                                    "since_start_s")},
+    }
+
+
+def config_of(plan: Plan, recipe: Recipe, world: int) -> dict[str, Any]:
+    return {"variant": recipe.variant, "size": plan.size, "dtype": plan.dtype_name, "batch": plan.batch,
+            "context": plan.cfg.context_length, "world_size": world, "flags": recipe.flags()}
+
+
+def _extras(plan: Plan, recipe: Recipe, world: int) -> dict[str, Any]:
+    """What every row carries besides its measurements."""
+    layout = recipe.layout(DTYPES[plan.dtype_name])
+    estimate = budget(plan.cfg, layout, world, plan.batch // world, plan.cfg.context_length)
+    return {"run_id": plan.run_id, "cold_cache": plan.cold_cache, "seed": plan.options.seed,
+            "n_params": arithmetic.params(plan.cfg), "memory_estimate_gib": estimate.as_gib(),
+            "cpu_cores": os.cpu_count(), "threads_per_rank": torch.get_num_threads()}
+
+
+def run_variants(worker: Worker, plan: Plan) -> list[str]:
+    """Every variant in turn on this rank; rank 0 writes each row as it finishes. Returns the statuses."""
+    store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir) if worker.rank == 0 else None
+    statuses = []
+    for recipe in plan.recipes:
+        if worker.world_size > 1:
+            dist.barrier()
+        got = _gather(worker, _attempt(worker, plan, recipe))
+        failed = [(r, g) for r, g in enumerate(got) if g["status"] != "ok"]
+        status = "ok" if not failed else ("oom" if any(g["status"] == "oom" for _, g in failed) else "error")
+        statuses.append(status)
+        if store is None:
+            continue
+        config, extras = config_of(plan, recipe, worker.world_size), _extras(plan, recipe, worker.world_size)
+        if failed:
+            rank, g = failed[0]
+            store.append(config, extras, status=status, error=f"rank {rank}: {g['error']}")
+            _say(worker, f"{recipe.variant}: {status}: rank {rank}: {g['error']}")
+            continue
+        metrics = row_metrics(plan, recipe, worker.world_size, [g["metrics"] for g in got], worker.device)
+        r = store.append(config, {**metrics, **extras})
+        mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] else ""
+        peak = f", peak {r['peak_allocated_gib']:.1f} GiB/GPU" if r["peak_allocated_gib"] else ""
+        _say(worker, f"{recipe.variant}: {r['step_ms']:.1f} ms/step (median of {r['n_timed']}){mfu}{peak}; "
+                     f"loss {r['loss_first_step']:.4f} -> {r['loss_last']:.4f}")
+    return statuses
+
+
+def run_here(plan: Plan, device: str, backend: str, needs_group: bool) -> list[str]:
+    """One rank in this process; a one-rank process group only if a variant shards."""
+    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    worker = Worker(0, 1, 0, backend, dev)
+    if not needs_group:
+        return run_variants(worker, plan)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return run_variants(worker, plan)
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def cold_caches(on: bool):
+    """Fresh, empty Triton and Inductor cache directories for the run (spawned ranks inherit them)."""
+    if not on:
+        yield
+        return
+    root = tempfile.mkdtemp(prefix="cs336-cold-cache-")
+    before = {k: os.environ.get(k) for k in CACHE_VARIABLES}
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
+    """After ranks died (a rank killed, a collective timed out): an error row for each variant that
+    has none from this run."""
+    store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir)
+    done = {r["variant"] for r in store.rows() if r.get("run_id") == plan.run_id}
+    for recipe in plan.recipes:
+        if recipe.variant not in done:
+            store.append(config_of(plan, recipe, world), _extras(plan, recipe, world), status="error", error=why)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog=BENCH, description=__doc__.split("\n")[0])
+    p.add_argument("--variant", nargs="+", choices=VARIANTS, default=["stock", "ours"],
+                   help="which to run, in this order (default: stock ours; plain does not fit at 8B x 32k)")
+    p.add_argument("--size", default="8B", choices=[*PRESETS, *PRESETS_EXTRA],
+                   help="model preset (default 8B, the leaderboard's; tiny and small for a CPU or a quick GPU run)")
+    p.add_argument("--batch", type=at_least(1), default=2, help="global batch in sequences, split over the ranks (default 2)")
+    p.add_argument("--context", type=at_least(1), default=None, help="tokens per sequence (default: the preset's)")
+    p.add_argument("--world-size", type=at_least(1), default=None,
+                   help="ranks (default: every visible GPU with --device cuda, 1 on the CPU; torchrun: its own)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="parameters, gradients, AdamW moments, activations (default bf16 on cuda; fp32 on "
+                        "the CPU, where the Triton interpreter has no bf16)")
+    p.add_argument("--keep-blocks", type=at_least(0), default=0,
+                   help="stock and ours: the last k blocks run without activation checkpointing (default 0)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="stock and ours: torch.compile each block (default: on with cuda, off on the CPU)")
+    p.add_argument("--shard", choices=SHARDS, default=None,
+                   help="ours: none, ddp, fsdp2 (torch's), fsdp (ours) (default fsdp2 on > 1 rank, else none); "
+                        "plain is DDP and stock FSDP2 on > 1 rank")
+    p.add_argument("--loss-chunk", type=at_least(1), default=4096, help="positions per loss chunk (default 4096)")
+    p.add_argument("--warmup-ms", type=positive(float), default=WARMUP_MS,
+                   help="do_bench's warmup (default 25 ms, do_bench's own; at least one call is made either way)")
+    p.add_argument("--rep-ms", type=positive(float), default=REP_MS,
+                   help="do_bench's rep (default 100 ms, do_bench's own: one timed call of an 8B step; shorter "
+                        "than do_bench's defaults is allowed by the course, and the row records both values)")
+    p.add_argument("--cold-cache", action="store_true",
+                   help="fresh empty TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR: the 10-minutes-from-empty-caches rule")
+    p.add_argument("--allow-oom", action="store_true",
+                   help="run a variant the memory arithmetic says cannot fit (and record its OOM row)")
+    p.add_argument("--memory-per-rank-gib", type=positive(float), default=None,
+                   help="the memory a rank may use, for the fit check (default: the GPU's; on the CPU, RAM / ranks)")
+    p.add_argument("--seed", type=at_least(0), default=0, help="weights and batch (default 0)")
+    p.add_argument("--timeout-s", type=positive(float), default=1800.0,
+                   help="per collective (a compiling rank keeps the others waiting; default 1800)")
+    p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    return p
+
+
+def _capacity_bytes(device: str, world_local: int) -> tuple[float, str]:
+    if device == "cuda":
+        return float(torch.cuda.get_device_properties(0).total_memory), "the GPU's memory"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram / world_local, f"this host's RAM / {world_local} rank(s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.time()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if in_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if args.world_size is not None and args.world_size != world:
+            parser.error(f"--world-size {args.world_size}: torchrun started {world} ranks")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    else:
+        world = args.world_size or (max(1, torch.cuda.device_count()) if args.device == "cuda" else 1)
+        local = world
+    check_cuda(parser, args.device, gpus=local)
+    if args.batch % world:
+        parser.error(f"--batch {args.batch} must split evenly over {world} ranks")
+    cfg = get_config(args.size, args.context)
+    if args.keep_blocks > cfg.num_layers:
+        parser.error(f"--keep-blocks {args.keep_blocks}: the {args.size} model has {cfg.num_layers} blocks")
+    dtype_name = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    if args.device == "cpu" and dtype_name == "bf16" and "ours" in args.variant:
+        parser.error("--dtype bf16: ours runs its Triton kernels under the interpreter on the CPU, which "
+                     "has no bf16; use --dtype fp32")
+    options = StepOptions(dtype=DTYPES[dtype_name], keep_blocks=args.keep_blocks,
+                          compile=args.compile if args.compile is not None else args.device == "cuda",
+                          shard=args.shard, loss_chunk=args.loss_chunk, seed=args.seed)
+    recipes = tuple(recipe_of(v, options, cfg, world, args.device) for v in dict.fromkeys(args.variant))
+    if args.memory_per_rank_gib is not None:
+        capacity, where = args.memory_per_rank_gib * GIB, "--memory-per-rank-gib"
+    else:
+        capacity, where = _capacity_bytes(args.device, local)
+    for recipe in recipes:
+        need = budget(cfg, recipe.layout(options.dtype), world, args.batch // world, cfg.context_length)
+        if need.lower_bound > capacity and not args.allow_oom:
+            parser.error(f"--variant {recipe.variant} cannot fit: it needs {need.explain()}, more than "
+                         f"{capacity / GIB:.1f} GiB ({where}); --allow-oom runs it anyway")
+    slug = "cpu" if args.device == "cpu" else device_slug("cuda")
+    open_store(parser, BENCH, KEY, device=slug, root=args.results_dir)
+    if args.device == "cpu":  # ours' Triton kernels run under the interpreter (set before triton loads)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    plan = Plan(args.size, cfg, dtype_name, args.batch, recipes, options, args.warmup_ms, args.rep_ms,
+                args.cold_cache, args.results_dir, slug, started, uuid.uuid4().hex[:12])
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    with cold_caches(args.cold_cache):
+        if in_torchrun():
+            statuses = run_from_env(run_variants, plan, backend=backend, device=args.device, timeout_s=args.timeout_s)
+        elif world == 1:
+            statuses = run_here(plan, args.device, backend, any(r.shard != "none" for r in recipes))
+        else:
+            try:
+                statuses = spawn(run_variants, world, plan, backend=backend, device=args.device,
+                                 timeout_s=args.timeout_s)[0]
+            except (RankFailed, TimeoutError) as exc:
+                why = str(exc).strip().splitlines()
+                record_lost_ranks(plan, world, f"{why[0]} {why[-1]}" if why else type(exc).__name__)
+                print(f"[{BENCH}] the ranks died: {why[-1] if why else exc!r}", file=sys.stderr)
+                return 1
+    gc.collect()
+    return 0 if all(s == "ok" for s in statuses) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The three training steps the leaderboard bench compares, each built on one rank.
+
+                plain                   stock (the PyTorch anchor)          ours
+    attention   naive (the (h, S, S)    SDPA, is_causal                     FlashAttentionFast (Triton)
+                scores)
+    LM head +   full logits, fp32 copy, chunks of 4,096 positions under     fused_linear_cross_entropy
+    loss        F.cross_entropy         checkpoint, fp32 cross-entropy      (chunks, Triton)
+    optimizer   torch.optim.AdamW       torch.optim.AdamW(fused=True) on    FusedAdamW (Triton)
+                                        a GPU (CPU: the default)
+    activation  none                    every block but the last k          every block but the last k
+    checkpoints                         (--keep-blocks k)                   (--keep-blocks k)
+    compile     no                      each block's forward (--compile)    each block's forward (--compile)
+    sharding    DDP on > 1 rank         FSDP2 on > 1 rank                   --shard: none, ddp, fsdp2
+                                                                            (default on > 1 rank), fsdp (ours)
+
+All three compute the same function of the same weights (train_step.init_lm, one seed) on the same
+batch; parameters, gradients and AdamW moments in the parameter dtype (bf16 for the leaderboard).
+
+    recipe = recipe_of("ours", options, cfg, world_size=2, device_type="cuda")   # what, before building
+    step = build(recipe, options, cfg, worker, batch=2)                          # a TrainingStep
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from cs336_systems.distributed.launch import Worker
+from cs336_systems.model import ModelConfig
+
+from .heads import ChunkedLossHead, FusedLossHead
+from .lm_loss import LanguageModelLoss, PlainLoss
+from .memory_budget import Layout
+from .sharding import SHARDS, shard
+from .train_step import StepOptions, TrainingStep, init_lm, rank_batch
+
+VARIANTS = ("plain", "stock", "ours")
+ATTENTION = {"plain": "naive", "stock": "sdpa", "ours": "flash-triton"}
+LOSS = {"plain": "full-logits", "stock": "chunked", "ours": "fused"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a variant runs with, decided before anything is built (the row's flags)."""
+
+    variant: str
+    attention: str             # the model's attention (cs336_systems.model.attention names)
+    loss: str                  # full-logits, chunked, fused
+    optimizer: str             # torch.optim.AdamW, torch.optim.AdamW(fused=True), FusedAdamW
+    checkpointed_blocks: int   # the first blocks, under torch.utils.checkpoint
+    keep_blocks: int           # the last blocks, not checkpointed
+    compile: bool              # torch.compile each block's forward
+    shard: str                 # none, ddp, fsdp2, fsdp
+    loss_chunk: int | None     # positions per chunk of the chunked / fused loss
+
+    def flags(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "variant"}
+
+    def layout(self, dtype: torch.dtype) -> Layout:
+        """What the memory arithmetic needs (memory_budget.py)."""
+        return Layout(attention="naive" if self.attention == "naive" else "fused", loss=self.loss,
+                      checkpointed_blocks=self.checkpointed_blocks, shard=self.shard,
+                      param_bytes=torch.tensor([], dtype=dtype).element_size(),
+                      loss_chunk=self.loss_chunk or 4096)
+
+
+def recipe_of(variant: str, options: StepOptions, cfg: ModelConfig, world_size: int,
+              device_type: str) -> Recipe:
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    L = cfg.num_layers
+    if not 0 <= options.keep_blocks <= L:
+        raise ValueError(f"keep_blocks must be in [0, {L}], got {options.keep_blocks}")
+    replicated = "ddp" if world_size > 1 else "none"
+    sharded = "fsdp2" if world_size > 1 else "none"
+    if variant == "plain":  # the model as written: nothing on
+        return Recipe(variant, ATTENTION[variant], LOSS[variant], "torch.optim.AdamW", 0, L, False,
+                      replicated, None)
+    how = sharded if variant == "stock" or options.shard is None else options.shard
+    if how not in SHARDS:
+        raise ValueError(f"shard must be one of {', '.join(SHARDS)}, got {how!r}")
+    optimizer = ("FusedAdamW" if variant == "ours" else
+                 "torch.optim.AdamW(fused=True)" if device_type == "cuda" else "torch.optim.AdamW")
+    return Recipe(variant, ATTENTION[variant], LOSS[variant], optimizer, L - options.keep_blocks,
+                  options.keep_blocks, options.compile, how, options.loss_chunk)
+
+
+def compile_blocks(lm: torch.nn.Module) -> None:
+    """torch.compile each block's forward (not its __call__: the hooks of FSDP2 and of our FSDP
+    stay outside the compiled code). The blocks share one code object, so one compilation serves
+    all of them (dynamo treats the parameters as inputs)."""
+    for block in lm.layers:
+        block.forward = torch.compile(block.forward)
+
+
+def _optimizer(name: str, params: list[torch.Tensor], lr: float):
+    if name == "FusedAdamW":
+        from torch.distributed.tensor import DTensor
+
+        from .fused_adamw import FusedAdamW
+        from .local_shards import LocalShardOptimizer
+
+        if any(isinstance(p, DTensor) for p in params):
+            return LocalShardOptimizer(params, FusedAdamW, lr=lr)
+        return FusedAdamW(params, lr=lr)
+    return torch.optim.AdamW(params, lr=lr, fused=True if name.endswith("(fused=True)") else None)
+
+
+def build(recipe: Recipe, options: StepOptions, cfg: ModelConfig, worker: Worker, batch: int) -> TrainingStep:
+    """The variant on this rank, with this rank's rows of the global `batch` (cfg.context_length
+    tokens each). Needs a process group when the recipe shards."""
+    lm = init_lm(cfg, worker.device, options.dtype, options.seed)
+    if recipe.variant == "plain":
+        module = PlainLoss(lm)
+    else:
+        head_cls = FusedLossHead if recipe.loss == "fused" else ChunkedLossHead
+        module = LanguageModelLoss(lm, head_cls(lm.lm_head.weight, recipe.loss_chunk),
+                                   recipe.checkpointed_blocks)
+    if recipe.compile:
+        compile_blocks(lm)
+    called, after_backward = shard(module, recipe.shard, worker.device, worker.world_size)
+    optimizer = _optimizer(recipe.optimizer, list(called.parameters()), options.lr)
+    tokens, targets = rank_batch(cfg, batch, cfg.context_length, worker.rank, worker.world_size,
+                                 worker.device, options.seed)
+    return TrainingStep(recipe.variant, module, called, optimizer, recipe.attention, tokens, targets,
+                        recipe.flags(), after_backward)
