@@ -78,3 +78,23 @@ def weight_shapes(max_dim: int = 40) -> st.SearchStrategy[tuple[int, int]]:
     so numel is often not divisible by the world size."""
     return st.tuples(st.integers(min_value=0, max_value=max_dim),
                      st.integers(min_value=0, max_value=max_dim))
+
+
+# -- fused LM head + cross-entropy (chunked over positions) ------------------------------------
+
+@st.composite
+def fused_ce_problems(draw, max_positions: int = 40, max_vocab: int = 160, max_d: int = 16) -> dict:
+    """A small LM-head cross-entropy problem and two ways to chunk its positions: n positions,
+    vocab V and d_model d (1 upward: a one-column vocabulary, a one-feature model), two chunk
+    sizes from 1 (a chunk per position) to n + 2 (one chunk, larger than the batch), how many
+    positions are ignored (0 to n - 1: never all), and a seed for the data."""
+    n = draw(st.integers(min_value=1, max_value=max_positions))
+    chunk = st.integers(min_value=1, max_value=n + 2)
+    return {
+        "n": n,
+        "vocab": draw(st.integers(min_value=1, max_value=max_vocab)),
+        "d": draw(st.integers(min_value=1, max_value=max_d)),
+        "chunks": (draw(chunk), draw(chunk)),
+        "n_ignored": draw(st.integers(min_value=0, max_value=n - 1)),
+        "seed": draw(st.integers(min_value=0, max_value=2**16)),
+    }
