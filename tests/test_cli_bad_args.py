@@ -88,6 +88,14 @@ CASES = [
     pytest.param("fsdp", ["--device", "cuda"], "--device", marks=needs_no_gpu),
     ("tp-ffn", ["--world-size", "1"], "--world-size"),
     ("tp-ffn", ["--tokens", "0"], "--tokens"),
+    ("fused-ce", ["--positions", "0"], "--positions"),
+    ("fused-ce", ["--dtype", "fp8"], "--dtype"),
+    ("training-step", ["--batch", "0"], "--batch"),
+    ("training-step", ["--variant", "fastest"], "--variant"),
+    ("training-step", ["--size", "tiny", "--keep-blocks", "3"], "--keep-blocks"),
+    ("training-step", ["--size", "tiny", "--device", "cpu", "--world-size", "3"], "--batch"),
+    ("training-step", ["--size", "8B", "--device", "cpu", "--variant", "plain"], "--variant"),  # cannot fit
+    pytest.param("training-step", ["--device", "cuda"], "--device", marks=needs_no_gpu),
 ]
 
 

@@ -54,4 +54,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "sharding": Benchmark("cs336_systems.sharding.sharding_bench", "sharded optimizers: memory and time", gpu=False),
     "fsdp": Benchmark("cs336_systems.distributed.fsdp_bench", "DDP, sharded optimizer, ZeRO-1, our FSDP, FSDP2: time and memory", gpu=False),
     "tp-ffn": Benchmark("cs336_systems.parallelism.tp_bench", "tensor-parallel SwiGLU vs unsharded, and its all-reduce alone (2 GPUs)", gpu=False),
+    # The 2026 leaderboard's training step (cs336_systems/training_step/): arguments per machine
+    # (the GPUs it has, the variants to compare) and GPU-only pieces, so `just bench-all` leaves them out
+    "fused-ce": Benchmark("cs336_systems.training_step.ce_bench",
+                          "fused LM head + cross-entropy vs PyTorch: time and peak memory", gpu=False),
+    "training-step": Benchmark("cs336_systems.training_step.bench",
+                               "the 2026 leaderboard: one 8B training step, ours vs stock PyTorch", gpu=False),
 }
