@@ -314,6 +314,7 @@ def _check_rows(rows: list[dict], world: int) -> None:
         assert r["world_size"] == world and r["batch"] == 2 and r["context"] == 16 and r["dtype"] == "fp32"
         assert r["step_ms"] > 0 and r["step_ms_mean"] > 0 and r["n_timed"] >= 1 and r["timer"].startswith("time_steps")
         assert r["warmup_ms"] == 1 and r["rep_ms"] == 1
+        assert r["steps_taken"] == 1 + r["n_warmup"] + r["n_timed"]  # the first step, then time_steps'
         assert r["model_flops"] == arithmetic.step_flops(cfg, 2, 16) and r["mfu"] is None  # no CPU peak
         assert r["peak_allocated_gib"] is None  # no allocator to ask on the CPU
         assert 0 < r["first_step_s"] <= r["wall_to_first_step_s"] <= r["wall_total_s"] <= r["since_start_s"]

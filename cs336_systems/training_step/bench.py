@@ -22,8 +22,9 @@ Rows (results/training-step/<device>.jsonl), one per variant: step time (median 
 timed calls of the slowest rank), MFU against the datasheet peak (arithmetic.py; the H200's 989
 TFLOP/s bf16) and, if results/ceilings has this GPU's measured matmul ceiling, against that too;
 peak memory per GPU (max over ranks, and each rank's); the flags of what was on; do_bench's warmup
-and rep; the loss of the first step and of the last (every variant starts from the same weights
-and batch, so they agree); the wall time from the variant's start to the end of its first step
+and rep; the loss of the first step (every variant starts from the same weights and batch, so
+they agree) and of the last, with the number of steps taken (do_bench's count, which depends on the
+step's time: the last losses of two variants are comparable only at equal counts); the wall time from the variant's start to the end of its first step
 (building and compiling included) and to the end of its timing, and from the bench's start.
 --cold-cache points TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR at fresh empty directories, so
 the wall times are those of the course's rule (a result within 10 minutes from empty caches).
@@ -117,6 +118,8 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     step = build(recipe, plan.options, plan.cfg, worker, plan.batch)
     synchronize(dev)
     after_build = _gib(dev, "memory_allocated")
+    if dev.type == "cuda":  # the fp32 initialisation's transient is not the step's
+        torch.cuda.reset_peak_memory_stats(dev)
     _say(worker, f"{recipe.variant}: first step" + (" (compiling)" if recipe.compile else ""))
     t = time.perf_counter()
     step()
@@ -132,6 +135,7 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     timing = time_train_step(step, worker, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms,
                              first_step_s=first_step_s)
     return {**timing.summary(), "loss_first_step": loss_first, "loss_last": float(step.last_loss),
+            "steps_taken": step.steps_taken,
             "first_step_s": first_step_s, "wall_to_first_step_s": wall_to_first,
             "since_start_to_first_step_s": since_start_first,
             "wall_total_s": time.time() - started, "since_start_s": time.time() - plan.started,
@@ -188,6 +192,7 @@ def row_metrics(plan: Plan, recipe: Recipe, world: int, per_rank: list[dict[str,
         # each rank's loss is the mean over its equal share of the batch: their mean is the batch's
         "loss_first_step": sum(r["loss_first_step"] for r in per_rank) / world,
         "loss_last": sum(r["loss_last"] for r in per_rank) / world,
+        "steps_taken": first["steps_taken"],  # do_bench's count: loss_last is the loss at the last one
         **{k: max(r[k] for r in per_rank) for k in ("first_step_s", "wall_to_first_step_s",
                                                     "since_start_to_first_step_s", "wall_total_s",
                                                     "since_start_s")},

@@ -3,8 +3,8 @@
     layout = Layout(attention="flash", loss="fused", checkpointed_blocks=34, shard="fsdp2", param_bytes=2)
     b = budget(cfg, layout, world_size=2, batch_per_rank=1, context=32_768)
     b.lower_bound     # bytes some moment of the step certainly holds at once (refuse above the GPU)
-    b.estimate        # the likely peak: the lower bound's parts plus gradients and the largest
-                      # working set (a recomputed block, a loss chunk, gathered FSDP weights)
+    b.estimate        # the likely peak: the lower bound plus the largest working set (a
+                      # recomputed block, a loss chunk, gathered FSDP weights)
 
 Persistent state: parameters, gradients and AdamW's two moments, all in the parameter dtype (torch's
 AdamW and ours keep the moments in it), divided by the world size where the variant shards them
@@ -31,9 +31,12 @@ and the (V, d) weight gradient).
 The lower bound is the larger of two moments every step passes through: the end of the forward
 (parameters, AdamW state, every saved activation; the gradients were set to None at the step's
 start) and the end of the backward (parameters, gradients, AdamW state). Anything above the GPU's
-memory cannot run, whatever the allocator does. The estimate adds what comes and goes: one block's
-recomputation and its backward, the loss's working set, FSDP's gathered weights. Not counted: the
-CUDA context, torch.compile's workspaces, NCCL buffers, fragmentation (a few GB together).
+memory cannot run, whatever the allocator does. The estimate adds to it what comes and goes: one
+block's recomputation and its backward, the loss's working set, FSDP's gathered weights (the
+gradients arrive as the activations they come from are freed, so the two never peak together).
+Not counted: the CUDA context, torch.compile's workspaces, NCCL buffers, the allocator's
+fragmentation (reserved above allocated). The bench's rows hold the estimate beside the measured
+peak (torch.cuda.max_memory_allocated), so the two can be compared per run.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class MemoryBudget:
 
     @property
     def estimate(self) -> float:
-        return self.end_of_forward + self.grads + self.working_set
+        return self.lower_bound + self.working_set
 
     def as_gib(self) -> dict[str, float]:
         out = {k: v / GIB for k, v in asdict(self).items()}

@@ -50,6 +50,7 @@ class TrainingStep:
     flags: dict[str, Any]         # which optimisations are on: the row records them
     after_backward: Callable[[], None] | None = None  # our FSDP's gradient sync
     last_loss: torch.Tensor | None = field(default=None, repr=False)
+    steps_taken: int = 0          # optimizer steps so far: last_loss is the loss before the last one
 
     def forward_backward(self) -> torch.Tensor:
         """Loss and gradients, no optimizer step. The attention swap covers the backward too: a
@@ -65,6 +66,7 @@ class TrainingStep:
     def __call__(self) -> None:
         self.last_loss = self.forward_backward()
         self.optimizer.step()
+        self.steps_taken += 1
 
 
 def init_lm(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> TransformerLM:
