@@ -36,7 +36,7 @@ from cs336_systems.training_step.lm_loss import PlainLoss
 from cs336_systems.training_step.train_step import StepOptions, init_lm, rank_batch
 from cs336_systems.training_step.variants import build, recipe_of
 from tests.tolerances import assert_relative_error, assert_within, gamma, transformer_rounding_depth
-from tests.triton_mode import HAS_TRITON, NO_TRITON, ON_GPU
+from tests.triton_mode import HAS_TRITON, NO_TRITON, ON_GPU, where_marks
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason=NO_TRITON)
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: bf16 (the Triton interpreter has none)")
@@ -144,7 +144,7 @@ def _check_against_reference(step, trajectory, tol_forward: float, tol: float) -
             assert_relative_error(p.grad.cpu(), ref_grads[name], tol, f"{step.variant} step {t}: {name}")
 
 
-@pytest.mark.parametrize("variant", ["stock", pytest.param("ours", marks=[needs_triton, pytest.mark.interpreter])])
+@pytest.mark.parametrize("variant", ["stock", pytest.param("ours", marks=[needs_triton, *where_marks])])
 def test_fp32_variant_gives_the_plain_models_logits_loss_and_gradients(trajectory, variant):
     # float32 against float64: the weights' own rounding to float32 adds one rounding per path. On a
     # GPU, fp32 matmuls are IEEE (TF32 off, PyTorch's default) in cuBLAS and in our kernels alike.
@@ -226,7 +226,7 @@ def adamw_error_bound(ref_params, ref_opt, grads_seq, lr, state_dtype, on_step) 
         on_step(t, [e["p"] for e in E])
 
 
-@pytest.mark.parametrize("name", ["torch.optim.AdamW", pytest.param("FusedAdamW", marks=[needs_triton, pytest.mark.interpreter])])
+@pytest.mark.parametrize("name", ["torch.optim.AdamW", pytest.param("FusedAdamW", marks=[needs_triton, *where_marks])])
 def test_fp32_optimizer_takes_the_float64_adamw_steps(trajectory, name):
     """Each variant's optimizer in float32, fed the trajectory's gradients (rounded to float32), from
     the first weights (rounded), against torch's AdamW in float64 on the same values."""
@@ -286,9 +286,10 @@ def _local_shard_steps(worker: Worker) -> list[tuple[torch.Tensor, torch.Tensor]
 @pytest.mark.distributed
 @pytest.mark.interpreter
 @needs_triton
-def test_fused_adamw_on_fsdp2_local_shards_is_fused_adamw_on_the_whole_parameters():
+def test_fused_adamw_on_fsdp2_local_shards_is_fused_adamw_on_the_whole_parameters(monkeypatch):
     # the update is elementwise: the same inputs per element give the same bits, however the
     # tensor is split (tolerances.py: the same operations on the same values, bound 0)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the gloo ranks run the kernel on the CPU
     for sharded, whole in spawn(_local_shard_steps, 2, timeout_s=120)[0]:
         assert torch.equal(sharded, whole)
 
@@ -324,7 +325,7 @@ def _check_rows(rows: list[dict], world: int) -> None:
 
 
 @pytest.mark.parametrize("variants", [["plain", "stock"], pytest.param(["ours"], marks=[needs_triton, pytest.mark.interpreter])])
-def test_one_rank_writes_a_row_per_variant(tmp_path, variants):
+def test_bench_one_rank_writes_a_row_per_variant(tmp_path, variants):
     assert bench.main([*TINY, "--variant", *variants, "--keep-blocks", "1", "--results-dir", str(tmp_path)]) == 0
     rows = _rows(tmp_path)
     assert [r["variant"] for r in rows] == variants
@@ -340,8 +341,9 @@ def test_one_rank_writes_a_row_per_variant(tmp_path, variants):
 
 
 @pytest.mark.distributed
+@pytest.mark.interpreter
 @needs_triton
-def test_two_ranks_plain_ddp_stock_fsdp2_ours_fsdp2(tmp_path):
+def test_bench_two_ranks_plain_ddp_stock_fsdp2_ours_fsdp2(tmp_path):
     argv = [*TINY, "--world-size", "2", "--variant", "plain", "stock", "ours", "--results-dir", str(tmp_path)]
     assert bench.main(argv) == 0
     rows = _rows(tmp_path)
@@ -350,8 +352,9 @@ def test_two_ranks_plain_ddp_stock_fsdp2_ours_fsdp2(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.interpreter
 @needs_triton
-def test_two_ranks_ours_in_our_fsdp(tmp_path):
+def test_bench_two_ranks_ours_in_our_fsdp(tmp_path):
     argv = [*TINY, "--world-size", "2", "--variant", "stock", "ours", "--shard", "fsdp", "--results-dir", str(tmp_path)]
     assert bench.main(argv) == 0
     rows = _rows(tmp_path)
@@ -359,7 +362,7 @@ def test_two_ranks_ours_in_our_fsdp(tmp_path):
     assert rows[1]["flags"]["shard"] == "fsdp"
 
 
-def test_a_failing_variant_writes_its_row_and_the_others_still_run(tmp_path, monkeypatch):
+def test_bench_a_failing_variant_writes_its_row_and_the_others_still_run(tmp_path, monkeypatch):
     from cs336_systems.training_step import variants
 
     real = variants.build

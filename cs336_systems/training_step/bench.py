@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cs336_systems.attention.triton_loader import interpreting
 from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.bench.provenance import device_name, device_slug
@@ -257,15 +258,18 @@ def run_here(plan: Plan, device: str, backend: str, needs_group: bool) -> list[s
 
 
 @contextlib.contextmanager
-def cold_caches(on: bool):
-    """Fresh, empty Triton and Inductor cache directories for the run (spawned ranks inherit them)."""
-    if not on:
-        yield
-        return
-    root = tempfile.mkdtemp(prefix="cs336-cold-cache-")
-    before = {k: os.environ.get(k) for k in CACHE_VARIABLES}
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+def run_environment(cold_cache: bool, interpret: bool):
+    """The environment of the run, put back after it (the ranks spawned meanwhile inherit it):
+    fresh empty Triton and Inductor cache directories (--cold-cache), and TRITON_INTERPRET=1 for
+    ours' Triton kernels on the CPU. Triton reads that variable once, when it is imported, so it
+    reaches only processes that import triton afterwards: the ranks spawned here."""
+    root = tempfile.mkdtemp(prefix="cs336-cold-cache-") if cold_cache else None
+    before = {k: os.environ.get(k) for k in (*CACHE_VARIABLES, "TRITON_INTERPRET")}
+    if root is not None:
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
     try:
         yield
     finally:
@@ -274,7 +278,8 @@ def cold_caches(on: bool):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        shutil.rmtree(root, ignore_errors=True)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
@@ -371,15 +376,20 @@ def main(argv: list[str] | None = None) -> int:
                          f"{capacity / GIB:.1f} GiB ({where}); --allow-oom runs it anyway")
     slug = "cpu" if args.device == "cpu" else device_slug("cuda")
     open_store(parser, BENCH, KEY, device=slug, root=args.results_dir)
-    if args.device == "cpu":  # ours' Triton kernels run under the interpreter (set before triton loads)
+    # Ours on the CPU: its Triton kernels run under the interpreter, which a process chooses when it
+    # imports triton. A machine without CUDA has no other mode (tests/conftest.py sets the same); on
+    # one with CUDA this process keeps its mode and the ranks, spawned, interpret.
+    interpret = args.device == "cpu" and any(r.variant == "ours" for r in recipes)
+    if interpret and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     plan = Plan(args.size, cfg, dtype_name, args.batch, recipes, options, args.warmup_ms, args.rep_ms,
                 args.cold_cache, args.results_dir, slug, started, uuid.uuid4().hex[:12])
     backend = "nccl" if args.device == "cuda" else "gloo"
-    with cold_caches(args.cold_cache):
+    in_process = world == 1 and (not interpret or interpreting())  # read before run_environment sets it
+    with run_environment(args.cold_cache, interpret):
         if in_torchrun():
             statuses = run_from_env(run_variants, plan, backend=backend, device=args.device, timeout_s=args.timeout_s)
-        elif world == 1:
+        elif in_process:
             statuses = run_here(plan, args.device, backend, any(r.shard != "none" for r in recipes))
         else:
             try:
