@@ -94,7 +94,7 @@ def measure(cell: Mapping[str, Any], device: torch.device, warmup_ms: float, rep
         h.grad = w.grad = None  # each call allocates its gradients, as a training step does
         loss = loss_fn(h, w, t, cell["chunk_size"])
         loss.backward()
-        return loss
+        return loss.detach()
 
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)  # the inputs
@@ -105,7 +105,7 @@ def measure(cell: Mapping[str, Any], device: torch.device, warmup_ms: float, rep
     ms = gpu_bench(step, warmup_ms=warmup_ms, rep_ms=rep_ms)
     N, V, d = cell["positions"], cell["vocab"], cell["d_model"]
     return {"ms": ms, "tflops": 6 * N * V * d / (ms * 1e-3) / 1e12, "peak_gib": peak / GIB,
-            "inputs_gib": base / GIB, "full_logits_gib": N * V * h.element_size() / GIB, "loss": float(loss)}
+            "inputs_gib": base / GIB, "full_logits_gib": N * V * h.element_size() / GIB, "loss": loss.item()}
 
 
 def build_parser() -> Parser:
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if torch.device(args.device).type != "cuda":
         parser.error(f"--device {args.device}: this benchmark times on a CUDA GPU")
     device = torch.device(args.device)
+    if device.index is None:  # "cuda": the current device, named, so memory stats and slugs agree
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     store = open_store(parser, BENCH, KEY, device=None, root=args.results_dir)
     cells = [{"impl": impl, "positions": args.positions, "vocab": args.vocab, "d_model": args.d_model,
