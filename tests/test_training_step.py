@@ -419,6 +419,7 @@ def test_a_memory_limit_refuses_and_allow_oom_runs_anyway(tmp_path, capsys, monk
     (["--variant", "fastest"], "--variant"),
     (["--shard", "zero"], "--shard"),
     (["--rep-ms", "0"], "--rep-ms"),
+    (["--shard", "fsdp", "--compile"], "--shard fsdp"),  # its hooks would recompile every block
 ])
 def test_bad_arguments_name_the_flag(argv, flag, tmp_path, capsys, no_new_processes):
     assert flag in _refused([*TINY, *argv], tmp_path, capsys)

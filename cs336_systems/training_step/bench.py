@@ -364,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     options = StepOptions(dtype=DTYPES[dtype_name], keep_blocks=args.keep_blocks,
                           compile=args.compile if args.compile is not None else args.device == "cuda",
                           shard=args.shard, loss_chunk=args.loss_chunk, seed=args.seed)
+    if options.compile and args.shard == "fsdp" and "ours" in args.variant:
+        parser.error("--shard fsdp: our FSDP's per-layer hooks make torch.compile recompile every block "
+                     "until its limit (then it runs eagerly); add --no-compile (compiling is the default on cuda)")
     recipes = tuple(recipe_of(v, options, cfg, world, args.device) for v in dict.fromkeys(args.variant))
     if args.memory_per_rank_gib is not None:
         capacity, where = args.memory_per_rank_gib * GIB, "--memory-per-rank-gib"

@@ -81,6 +81,10 @@ def recipe_of(variant: str, options: StepOptions, cfg: ModelConfig, world_size: 
     how = sharded if variant == "stock" or options.shard is None else options.shard
     if how not in SHARDS:
         raise ValueError(f"shard must be one of {', '.join(SHARDS)}, got {how!r}")
+    if how == "fsdp" and options.compile:
+        raise ValueError("our FSDP (shard fsdp) and compile do not mix: its per-layer hooks run inside each "
+                         "block, so torch.compile traces them and recompiles for every layer (it guards on "
+                         "the layer's index and name) until its recompile limit, then runs the block eagerly")
     optimizer = ("FusedAdamW" if variant == "ours" else
                  "torch.optim.AdamW(fused=True)" if device_type == "cuda" else "torch.optim.AdamW")
     return Recipe(variant, ATTENTION[variant], LOSS[variant], optimizer, L - options.keep_blocks,
