@@ -90,6 +90,8 @@ CASES = [
     ("tp-ffn", ["--tokens", "0"], "--tokens"),
     ("fused-ce", ["--positions", "0"], "--positions"),
     ("fused-ce", ["--dtype", "fp8"], "--dtype"),
+    ("fused-adamw", ["--shard", "0"], "--shard"),
+    ("fused-adamw", ["--size", "nope"], "--size"),
     ("training-step", ["--batch", "0"], "--batch"),
     ("training-step", ["--variant", "fastest"], "--variant"),
     ("training-step", ["--size", "tiny", "--keep-blocks", "3"], "--keep-blocks"),

@@ -58,6 +58,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     # (the GPUs it has, the variants to compare) and GPU-only pieces, so `just bench-all` leaves them out
     "fused-ce": Benchmark("cs336_systems.training_step.ce_bench",
                           "fused LM head + cross-entropy vs PyTorch: time and peak memory", gpu=False),
+    "fused-adamw": Benchmark("cs336_systems.training_step.adamw_bench",
+                             "one AdamW step: ours vs torch fused/foreach", gpu=False),
     "training-step": Benchmark("cs336_systems.training_step.bench",
                                "the 2026 leaderboard: one 8B training step, ours vs stock PyTorch", gpu=False),
 }
