@@ -139,8 +139,11 @@ def probe_ms(mode: str, block_m: int, block_n: int) -> float:
     return float(hit.ms.iloc[0])
 
 
-def host_rows() -> pd.DataFrame:
+def host_rows(seq: int = 16384) -> pd.DataFrame:
+    """The newest host_overhead run at this sequence length (16,384: the leaderboard's shape, this
+    page's host table; 1,024: the grid's short cells)."""
     df = load_results(HOST_BENCH, status="ok")
+    df = df[df.seq == seq]
     return df[df.run == df.run.max()]
 
 
@@ -155,11 +158,11 @@ def host_table() -> str:
     df = df[["piece", "host_us", "host_us_min"]].rename(
         columns={"piece": "what the host issues", "host_us": "µs per call (median)", "host_us_min": "min"})
     return (markdown_table(df, formats={"µs per call (median)": ".0f", "min": ".0f"})
-            + "\n\n" + provenance_line(load_results(HOST_BENCH), f"results/{HOST_BENCH}/nvidia-h200.jsonl"))
+            + "\n\n" + provenance_line(host_rows(), f"results/{HOST_BENCH}/nvidia-h200.jsonl"))
 
 
-def host_us(prefix: str) -> float:
-    df = host_rows()
+def host_us(prefix: str, seq: int = 16384) -> float:
+    df = host_rows(seq)
     hit = df[df.piece.str.startswith(prefix)]
     if hit.empty:
         raise KeyError(f"no host_overhead piece starting with {prefix!r}")

@@ -48,6 +48,29 @@ def grid_rows(status: str | None = "ok") -> pd.DataFrame:
                      **{"batch x heads": [f"{b} x {h}" for b, h in zip(df.batch, df.heads)]})
 
 
+def newest_git() -> str:
+    """The code of the grid's newest run (the git of its newest row)."""
+    df = grid_rows()
+    return str(df.loc[df.time_utc.idxmax(), "git"])
+
+
+def earlier_cells() -> pd.Index:
+    """Cells whose newest row of ours is from an earlier run than the newest (index as speeds())."""
+    df = grid_rows()
+    ours = df[(df.impl == "ours") & (df["mode"] == "fwd_bwd")].set_index(CELL)
+    return ours[ours.git != newest_git()].index.sort_values()
+
+
+def earlier_speeds(mode: str = "fwd_bwd") -> pd.Series:
+    """Ours' speed vs cuDNN per cell in the earlier run (rows of a git other than the newest run's;
+    the newest such row per cell), for before/after comparisons."""
+    df = load_results(GRID_BENCH, status="ok")
+    df = df[(df.git != newest_git()) & (df.impl == "ours") & (df["mode"] == mode)].drop_duplicates(list(GRID_KEY), keep="last")
+    df = df.assign(mask=df.causal.map({True: "causal", False: "full"}),
+                   **{"batch x heads": [f"{b} x {h}" for b, h in zip(df.batch, df.heads)]})
+    return df.set_index(CELL).speed_vs_cudnn.astype(float).sort_index()
+
+
 def speeds(impl: str = "ours", mode: str = "fwd_bwd") -> pd.Series:
     """speed vs cuDNN per cell (index d, mask, batch x heads, seq) for one implementation and mode."""
     df = grid_rows()
@@ -82,12 +105,15 @@ def speed_table(impl: str = "ours", mode: str = "fwd_bwd") -> str:
     # A failed row (status oom/error) stands for every mode of its cell that has no timing: the sweep
     # writes one such row when either mode fails.
     failed = df[df.status != "ok"].set_index(CELL).status.str.upper()
-    shown = df[(df.status == "ok") & (df["mode"] == mode)].set_index(CELL).speed_vs_cudnn.map(
-        lambda s: format_value(float(s), ".2f"))
+    ok = df[(df.status == "ok") & (df["mode"] == mode)].set_index(CELL)
+    # † marks a cell whose row is from the earlier run (the newest run stopped before it)
+    shown = pd.Series([format_value(float(v), ".2f") + ("" if g == newest_git() else " †")
+                       for v, g in zip(ok.speed_vs_cudnn, ok.git)], index=ok.index, dtype=object)
     shown = pd.concat([shown, failed[~failed.index.isin(shown.index)]])
     return (markdown_table(_by_seq(shown.sort_index()))
             + "\n\n" + provenance_line(df, SOURCE) + f" *{IMPL_WORDS[impl]}, {MODE_WORDS[mode]}: cuDNN's time over"
-            " this implementation's, same run; above 1 is faster than cuDNN.*")
+            " this implementation's, same run; above 1 is faster than cuDNN. † from the earlier run (git "
+            + ", ".join(sorted(set(ok.git) - {newest_git()})) + ", the table before the grid's keys were tuned).*")
 
 
 def grid_figure() -> plt.Figure:
@@ -129,15 +155,18 @@ def plans() -> pd.DataFrame:
     """Per grid cell: the forward's and the backward's plan source (index as speeds())."""
     df = grid_rows()
     cells = df[(df.impl == "ours") & (df["mode"] == "fwd_bwd")].set_index(CELL).sort_index()
-    rows = [{kind: plan_label(kind, c.Index[0], c.causal, c.batch * c.heads, c.Index[3]) for kind in ("fwd", "bwd")}
+    earlier = set(earlier_cells())
+    rows = [{kind: "earlier table †" if c.Index in earlier else
+             plan_label(kind, c.Index[0], c.causal, c.batch * c.heads, c.Index[3]) for kind in ("fwd", "bwd")}
             for c in cells.itertuples()]
     return pd.DataFrame(rows, index=cells.index)
 
 
 def plans_table() -> str:
-    """Each cell's plan (forward and backward agree in every grid cell; a test checks it)."""
+    """Each cell's plan, forward / backward where they differ."""
     p = plans()
-    return markdown_table(_by_seq(p.fwd))
+    both = pd.Series([f if f == b else f"{f} / {b}" for f, b in zip(p.fwd, p.bwd)], index=p.index)
+    return markdown_table(_by_seq(both))
 
 
 def tuned_keys() -> list[str]:
@@ -213,6 +242,12 @@ def short_ms(impl: str, mode: str, seq: int = 1024) -> pd.Series:
     return _at(times(impl, mode), seq=seq)
 
 
+def host_step_us(impl: str) -> float:
+    """Host µs of one eager forward+backward step at the grid's short shape (16 x 1,024, d = 64)."""
+    piece = "ours: forward+backward step (Fn.apply, eager)" if impl == "ours" else "cudnn: forward+backward step"
+    return host_us(piece, seq=1024)
+
+
 FACTS = {  # name -> (function of nothing, format)
     "flash.grid_cells": (lambda: len(speeds()), "d"),
     "flash.grid_met_fwd_bwd": (lambda: len(met("fwd_bwd")), "d"),
@@ -246,5 +281,36 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.grid_d128_tuned_at": (lambda: tuned_at(table_key(torch.bfloat16, 128, True, "large")), ""),
     "flash.grid_d128_medium_tuned_at": (lambda: tuned_at(table_key(torch.bfloat16, 128, True, "medium")), ""),
     "flash.grid_host_eager_fwd_us": (lambda: host_us("ours: forward (Fn.apply, eager)"), ".0f"),
+    "flash.grid_earlier_cells": (lambda: len(earlier_cells()), "d"),
+    "flash.grid_new_git": (newest_git, ""),
+    "flash.grid_long_d64_full_min": (lambda: long_range("fwd_bwd", d=64, mask="full").min(), ".2f"),
+    "flash.grid_long_d64_full_max": (lambda: long_range("fwd_bwd", d=64, mask="full").max(), ".2f"),
+    "flash.grid_long_d64_full_before_min": (lambda: _long(earlier_speeds(), d=64, mask="full").min(), ".2f"),
+    "flash.grid_long_d64_full_before_max": (lambda: _long(earlier_speeds(), d=64, mask="full").max(), ".2f"),
+    "flash.grid_long_d128_full16_min": (lambda: long_range("fwd_bwd", d=128, mask="full", **{"batch x heads": "1 x 16"}).min(), ".2f"),
+    "flash.grid_long_d128_full16_max": (lambda: long_range("fwd_bwd", d=128, mask="full", **{"batch x heads": "1 x 16"}).max(), ".2f"),
+    "flash.grid_long_d128_full16_before_min": (lambda: _long(earlier_speeds(), d=128, mask="full", **{"batch x heads": "1 x 16"}).min(), ".2f"),
+    "flash.grid_long_d128_full16_before_max": (lambda: _long(earlier_speeds(), d=128, mask="full", **{"batch x heads": "1 x 16"}).max(), ".2f"),
+    "flash.grid_long_d128_min": (lambda: long_range("fwd_bwd", d=128).min(), ".2f"),
+    "flash.grid_long_d128_max": (lambda: long_range("fwd_bwd", d=128).max(), ".2f"),
+    "flash.grid_long_d64_min": (lambda: long_range("fwd_bwd", d=64).min(), ".2f"),
+    "flash.grid_gluon_full_4k_ms": (lambda: times("ours", "fwd_bwd").loc[(64, "full", "1 x 16", 4096)], ".2f"),
+    "flash.grid_gluon_full_4k_before_ms": (lambda: earlier_times().loc[(64, "full", "1 x 16", 4096)], ".2f"),
+    "flash.grid_host_step_us": (lambda: host_step_us("ours"), ".0f"),
+    "flash.grid_host_cudnn_step_us": (lambda: host_step_us("cudnn"), ".0f"),
 }
+
+
+def _long(s: pd.Series, **where) -> pd.Series:
+    s = _at(s, **where)
+    return s[s.index.get_level_values("seq") >= LONG]
+
+
+def earlier_times(mode: str = "fwd_bwd") -> pd.Series:
+    """Ours' median ms per cell in the earlier run (as earlier_speeds)."""
+    df = load_results(GRID_BENCH, status="ok")
+    df = df[(df.git != newest_git()) & (df.impl == "ours") & (df["mode"] == mode)].drop_duplicates(list(GRID_KEY), keep="last")
+    df = df.assign(mask=df.causal.map({True: "causal", False: "full"}),
+                   **{"batch x heads": [f"{b} x {h}" for b, h in zip(df.batch, df.heads)]})
+    return df.set_index(CELL).median_ms.astype(float).sort_index()
 register(FACTS)

@@ -12,8 +12,7 @@ import types
 import pytest
 import torch
 
-from report import flash_ab, flash_grid
-from report.flash import LB_KEY
+from report import flash_grid
 from report.flash_grid import long_range, plans, speeds, step, times
 
 SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -32,50 +31,48 @@ def test_every_cell_states_ours_against_cudnn_in_both_modes():
         assert sorted(set(_levels(s, "seq"))) == list(SEQS)
 
 
-def test_the_goal_is_not_met_and_only_the_tuned_key_meets_it():
+def test_the_goal_is_not_met_and_the_gluon_cells_meet_it():
     # Answer: "the goal is not met"; "Forward+backward meets it in ... of ... cells and the forward
-    # in ..., all causal with d = 64 and sequences from 8,192: the key the tuner was pointed at
-    # (the leaderboard's)."
+    # in ..., all with d = 64 and sequences from 8,192, causal and non-causal: the cells that run the
+    # tuned Gluon kernels."
     for mode in ("fwd", "fwd_bwd"):
         met = flash_grid.met(mode)
         assert 0 < len(met) < len(speeds("ours", mode))
-        assert set(_levels(met, "d")) == {64} and set(_levels(met, "mask")) == {"causal"}
-        assert min(_levels(met, "seq")) >= flash_grid.LONG
+        assert set(_levels(met, "d")) == {64} and min(_levels(met, "seq")) >= flash_grid.LONG
         assert set(plans().loc[met.index].fwd) == {"large, Gluon"}
-    assert LB_KEY == "bf16-d64-causal-large"
+    assert set(_levels(flash_grid.met("fwd_bwd"), "mask")) == {"causal", "full"}
 
 
-def test_the_biggest_misses_are_short_sequences_then_d128_without_a_mask():
-    # Answer: "The biggest misses are the short sequences (down to ...x ...) and, among the long
-    # ones, d = 128 without a mask (...x to ...x)."
+def test_every_long_d128_cell_is_behind_and_short_sequences_are_furthest():
+    # Answer: "Every long d = 128 cell is behind (...x to ...x cuDNN's speed), and the short sequences
+    # are furthest behind (down to ...x, at ...)"
+    assert long_range("fwd_bwd", d=128).max() < 1
     s = speeds()
     assert _levels(s[[s.idxmin()]], "seq")[0] <= 2048
     assert s[_levels(s, "seq") <= 2048].min() < s[_levels(s, "seq") >= 4096].min()
-    long = long_range("fwd_bwd")
-    d128_full = (_levels(long, "d") == 128) & (_levels(long, "mask") == "full")
-    assert long[d128_full].max() < long[~d128_full].min()
 
 
-def test_the_2026_step_cell_misses_in_both_modes():
-    # Answer: "The 2026 training step's cell, 1 x 32 x 32,768, d = 128, causal, runs at ...x cuDNN's
-    # speed forward+backward (... ms against ... ms) and ...x forward."
+def test_the_2026_step_cell_misses_in_both_modes_and_is_from_the_earlier_run():
+    # Answer: "The 2026 training step's cell ... ran at ...x forward+backward and ...x forward, in the
+    # earlier run: the newest run stopped before it."
     assert step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd")
     assert step("ours", "fwd") > step("cudnn", "fwd")
+    assert tuple(flash_grid.STEP_CELL[c] for c in flash_grid.CELL) in flash_grid.earlier_cells()
 
 
-def test_one_tuned_cell_misses_and_it_is_level():
-    # "Of the six causal d = 64 cells from 8,192 positions, the one that misses, ..., is level with
-    # cuDNN (...x)." Level: within 1%, below the few-percent spread the page reports between runs.
-    tuned = long_range("fwd_bwd", d=64, mask="causal")
-    misses = flash_grid.tuned_misses("fwd_bwd")
-    assert len(tuned) == 6 and len(misses) == 1
-    assert misses.iloc[0] >= 0.99
+def test_the_earlier_cells_are_the_1x32_d128_ones_named():
+    # "the ... cells marked † (1 x 32 at d = 128: the non-causal ones, and the causal ones from
+    # 16,384) are the earlier run's"
+    want = {(128, "full", "1 x 32", n) for n in SEQS} | {(128, "causal", "1 x 32", n) for n in (16384, 32768)}
+    assert set(flash_grid.earlier_cells()) == want
+    df = flash_grid.grid_rows()
+    new = df[df.git == flash_grid.newest_git()]
+    assert len(new[(new.impl == "ours")]) == 2 * (48 - len(want))  # the rest are all the newest run's
 
 
 def test_ours_leads_flash_and_flex_at_long_sequences():
-    # "Behind cuDNN, ours leads the other two at long sequences: from ... positions it beats SDPA's
-    # FlashAttention-2 backend in every cell, and at 32,768 it beats flex_attention in ... of the
-    # ... cells where flex ran its compiled kernel."
+    # "Ours leads SDPA's FlashAttention-2 backend in every cell from ... positions, and at 32,768 it
+    # beats flex_attention in ... of the ... cells where flex ran its compiled kernel."
     start = flash_grid.beats_from("flash")
     assert start <= flash_grid.LONG
     won = flash_grid.beats("flash")
@@ -91,45 +88,80 @@ def test_the_flex_oom_was_the_unfused_fallback():
     assert flex.query("heads == 32 and seq == 4096 and d == 128 and not causal").empty
 
 
-# ---- why the cells that miss do -------------------------------------------------------------------
+# ---- what tuning the grid's keys bought ----------------------------------------------------------
 
-def test_the_table_has_only_causal_keys_and_the_tuner_builds_no_other():
-    # "All ... keys in the table are causal ones: the tuner builds only causal keys (tune_shapes)";
-    # "No command re-tunes the grid's keys yet" (--only leaderboard or sweep, or neither).
+def test_the_tuner_builds_non_causal_keys_and_a_huge_class_for_the_step():
+    # "The tuner (... --only grid) now builds non-causal keys and times each key under its own mask,
+    # at a shape of the grid (16 x 2,048 for "medium", 32 x 8,192 for "large"), and gives the 2026
+    # step's shape ... a size class of its own, "huge", searched widely."
     from cs336_systems.attention.fast.tuning.tune import tune_shapes
 
-    assert all("-causal-" in k for k in flash_grid.tuned_keys())
-    for only in (None, "leaderboard", "sweep"):
-        assert all("-causal-" in shape[0] for shape in tune_shapes(only))
+    shapes = {s[0]: s for s in tune_shapes("grid")}
+    for d in (64, 128):
+        assert shapes[f"bf16-d{d}-full-medium"][1:3] == (16, 2048)
+        assert shapes[f"bf16-d{d}-full-large"][1:3] == (32, 8192)
+    assert shapes["bf16-d128-causal-huge"][1:3] == (32, 32768) and shapes["bf16-d128-causal-huge"][5]
+    assert "bf16-d64-full-large" in flash_grid.tuned_keys() and "bf16-d128-causal-huge" in flash_grid.tuned_keys()
 
 
-def test_the_tuners_problem_runs_the_causal_forward(monkeypatch):
-    # "the problem it times runs the causal forward (tuning/problem.py)"
-    from cs336_systems.attention.fast.tuning import problem
-
-    seen = []
-    monkeypatch.setattr(problem, "DEVICE", "cpu")
-    monkeypatch.setattr(problem, "launch_fwd", lambda q, k, v, causal: seen.append(causal) or (q, q[..., 0]))
-    monkeypatch.setattr(problem, "launch_preprocess", lambda o, do: None)
-    problem.prepare(1, 16, 16, torch.float32)
-    assert seen == [True]
+def test_non_causal_d64_now_meets_cudnn_at_long_sequences_and_was_behind():
+    # "d = 64 without a mask went from ...x-...x cuDNN's speed at long sequences (heuristic tiles) to
+    # ...x-...x: the tuner chose the Gluon kernels there"
+    before = flash_grid._long(flash_grid.earlier_speeds(), d=64, mask="full")
+    after = long_range("fwd_bwd", d=64, mask="full")
+    assert before.max() < 1 <= after.min()
+    assert set(plans().loc[after.index].fwd) == {"large, Gluon"}
 
 
-def test_non_causal_cells_run_heuristic_tiles_and_forward_and_backward_agree():
-    # "So every non-causal cell runs the heuristic tiles, and the Gluon kernels never run there.
-    # What each cell ran, by the Function's lookup rule, forward and backward alike:"
-    p = plans()
-    assert (p.fwd == p.bwd).all()
-    assert set(p[_levels(p, "mask") == "full"].fwd) == {"heuristic tiles"}
-    assert not p[_levels(p, "mask") == "causal"].fwd.str.contains("heuristic").any()
+def test_non_causal_d128_improved_but_stays_behind():
+    # "d = 128 without a mask (1 x 16, long sequences) went from ...x-...x to ...x-...x with tuned
+    # Triton tiles ... their tiles alone do not reach cuDNN."
+    where = {"d": 128, "mask": "full", "batch x heads": "1 x 16"}
+    before = flash_grid._long(flash_grid.earlier_speeds(), **where)
+    after = long_range("fwd_bwd", **where)
+    assert before.max() < after.min() and after.max() < 1
+    assert set(plans().loc[after.index].fwd) == {"large, Triton"}
 
 
-def test_d128_entries_were_tuned_on_one_head():
-    # "The d = 128 causal entries were timed at batch x heads x seq = ... and ...: a single head"
-    tune = flash_grid.load_results(flash_grid.TUNE_BENCH, status="ok")
-    d128 = tune[tune.key.isin(["bf16-d128-causal-medium", "bf16-d128-causal-large"])]
-    assert not d128.empty and set(d128.Z) == {1}
+def test_one_cell_got_slower_through_the_gluon_path():
+    # "At 1 x 16 x 4,096, d = 64, non-causal, forward+backward took ... ms through the tuned Gluon
+    # kernels against ... ms with the heuristic Triton tiles before."
+    cell = (64, "full", "1 x 16", 4096)
+    assert times("ours", "fwd_bwd").loc[cell] > flash_grid.earlier_times().loc[cell]
+    assert plans().bwd.loc[cell] == "large, Gluon"
+
+
+# ---- why the cells that miss do -------------------------------------------------------------------
+
+def test_the_step_cells_backward_is_further_behind_than_its_forward():
+    # "The backward is further behind than the forward: at the step's cell (earlier run) the backward
+    # alone ... took ... ms against cuDNN's ... ms. The d = 128 causal "large" entry is still the one
+    # timed at ... (a single head)."
+    bwd = flash_grid.step_backward_ms("cudnn") / flash_grid.step_backward_ms("ours")
+    fwd = step("cudnn", "fwd") / step("ours", "fwd")
+    assert bwd < fwd < 1
     assert flash_grid.tuned_at("bf16-d128-causal-large").startswith("1 x ")
+
+
+def test_a_floor_under_every_call_and_the_host_is_most_of_it():
+    # "At seq 1,024 it took ... to ... ms against cuDNN's ... to ... ms, while ours' forward alone
+    # took ... to ... ms: the backward call adds far more than its kernels' share of so little work."
+    # Far more: ours' backward (fwd+bwd minus fwd) at least 3x cuDNN's in every cell at 1,024.
+    ours = flash_grid.short_ms("ours", "fwd_bwd") - flash_grid.short_ms("ours", "fwd")
+    cudnn = flash_grid.short_ms("cudnn", "fwd_bwd") - flash_grid.short_ms("cudnn", "fwd")
+    assert (ours >= 3 * cudnn).all()
+    assert flash_grid.short_ms("ours", "fwd_bwd").min() > flash_grid.short_ms("cudnn", "fwd_bwd").max()
+    # "The host's time is most of it: ... one eager forward+backward step at ... µs of host time
+    # against cuDNN's ... µs": more than half of ours' shortest forward+backward is the host's.
+    assert flash_grid.host_step_us("ours") > flash_grid.host_step_us("cudnn")
+    assert flash_grid.host_step_us("ours") / 1000 > 0.5 * flash_grid.short_ms("ours", "fwd_bwd").min()
+
+
+def test_the_causal_1x16_cells_sit_on_the_floor():
+    # "at 2,048, 4,096 and 8,192 positions (4 and 16 times the work of the first) ours'
+    # forward+backward took ..., ... and ... ms": 16x the work in about twice the time or less.
+    t = times("ours", "fwd_bwd").loc[flash_grid.GLUON_FLOOR_CELL]
+    assert t[8192] < 2.5 * t[2048]
 
 
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
@@ -155,36 +187,3 @@ def test_the_gluon_kernels_take_head_dim_64_only(monkeypatch, which):
     assert ask(128) == "written for head dim 64"
 
 
-def test_the_step_cells_backward_is_further_behind_than_its_forward():
-    # "At the 2026 step's cell the backward alone (forward+backward minus forward) takes ... ms
-    # against cuDNN's ... ms: the backward is further behind than the forward."
-    bwd = flash_grid.step_backward_ms("cudnn") / flash_grid.step_backward_ms("ours")
-    fwd = step("cudnn", "fwd") / step("ours", "fwd")
-    assert bwd < fwd < 1
-
-
-def test_a_floor_under_every_call():
-    # "At seq 1,024 it took ... to ... ms against cuDNN's ... to ... ms, while ours' forward alone
-    # took ... to ... ms: the backward call adds far more than its kernels' share of so little work."
-    # Far more: ours' backward (fwd+bwd minus fwd) at least 3x cuDNN's in every cell at 1,024.
-    ours = flash_grid.short_ms("ours", "fwd_bwd") - flash_grid.short_ms("ours", "fwd")
-    cudnn = flash_grid.short_ms("cudnn", "fwd_bwd") - flash_grid.short_ms("cudnn", "fwd")
-    assert (ours >= 3 * cudnn).all()
-    assert flash_grid.short_ms("ours", "fwd_bwd").min() > flash_grid.short_ms("cudnn", "fwd_bwd").max()
-
-
-def test_the_gluon_cell_at_4096_sits_on_the_floor():
-    # "at 2,048, 4,096 and 8,192 positions (4 and 16 times the work of the first) ours'
-    # forward+backward took ..., ... and ... ms, so at 4,096 the tuned Gluon kernels run and the cell
-    # still misses." On the floor: 16x the work in less than twice the time.
-    t = times("ours", "fwd_bwd").loc[flash_grid.GLUON_FLOOR_CELL]
-    assert t[8192] < 2 * t[2048]
-    assert plans().fwd.loc[(64, "causal", "1 x 16", 4096)] == "large, Gluon"
-    assert speeds().loc[(64, "causal", "1 x 16", 4096)] < 1
-
-
-def test_the_eager_forward_costs_the_host_more_than_cudnns():
-    # "the host table above measured one eager forward ... at ... µs of host time against cuDNN's
-    # ... µs, and no eager backward."
-    assert flash_ab.host_us("ours: forward (Fn.apply, eager)") > flash_ab.host_us("cudnn: forward")
-    assert not flash_ab.host_rows().piece.str.contains("backward.*eager|eager.*backward").any()
