@@ -83,6 +83,11 @@ CHAPTERS = (
     Chapter("parallelism.md", "Choosing a parallelism (2026)", ("tp-ffn",),
             ("parallelism.ring", "parallelism.costs", "parallelism.answers", "parallelism.tp_ffn"),
             ("test_parallelism*.py", "test_tp_ffn*.py"), ("parallelism/*",), marker="parallelism"),
+    Chapter("training-step.md", "The 2026 leaderboard: an 8B training step (2026)",
+            ("training-step", "fused-ce", "fused-adamw"),
+            ("training_step.arithmetic", "training_step.memory_budget", "training_step.fused_ce",
+             "training_step.fused_adamw", "training_step.variants", "training_step.bench"),
+            ("test_training_step.py", "test_fused_*.py"), ("training-step/*",), marker="training_step"),
 )
 
 SNIPPET = re.compile(r'--8<--\s+"(cs336_systems/[^":]+\.py)')
