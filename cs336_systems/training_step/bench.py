@@ -293,7 +293,7 @@ def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
 
 
 def build_parser() -> Parser:
-    p = Parser(prog=BENCH, description=__doc__.split("\n")[0])
+    p = Parser(prog=BENCH, description=" ".join(__doc__.split("\n")[:2]))
     p.add_argument("--variant", nargs="+", choices=VARIANTS, default=["stock", "ours"],
                    help="which to run, in this order (default: stock ours; plain does not fit at 8B x 32k)")
     p.add_argument("--size", default="8B", choices=[*PRESETS, *PRESETS_EXTRA],
