@@ -348,34 +348,6 @@ def test_importing_the_module_never_imports_triton(monkeypatch):
 
 # -- the benchmark's arguments -------------------------------------------------------------------------
 
-BENCH_BAD = [
-    (["--positions", "0"], "--positions"),
-    (["--vocab", "-3"], "--vocab"),
-    (["--d-model", "x"], "--d-model"),
-    (["--dtype", "fp8"], "--dtype"),
-    (["--chunk-size", "0"], "--chunk-size"),
-    (["--impls", "liger"], "--impls"),
-    (["--rep-ms", "0"], "--rep-ms"),
-    (["--device", "cpu"], "--device"),
-    pytest.param(["--device", "cuda"], "--device",
-                 marks=pytest.mark.skipif(ON_GPU, reason="the refusal is about a machine without a GPU")),
-]
-
-
-@pytest.mark.parametrize("argv, flag", BENCH_BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
-def test_bench_bad_argument_exits_2_with_one_line_naming_the_flag(argv, flag, tmp_path, capsys):
-    from cs336_systems.training_step.ce_bench import main
-
-    results = tmp_path / "results"
-    with pytest.raises(SystemExit) as exc:
-        main([*argv, "--results-dir", str(results)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert flag in err[0], err[0]
-    assert not results.exists() or not any(p.is_file() for p in results.rglob("*"))
-
-
 # -- on a GPU: bf16, the default tile, memory ------------------------------------------------------------
 
 @pytest.fixture
