@@ -86,7 +86,7 @@ CHAPTERS = (
     Chapter("training-step.md", "The 2026 leaderboard: an 8B training step (2026)",
             ("training-step", "fused-ce", "fused-adamw"),
             ("training_step.arithmetic", "training_step.memory_budget", "training_step.fused_ce",
-             "training_step.fused_adamw", "training_step.variants", "training_step.bench"),
+             "training_step.fused_adamw", "training_step.variants", "training_step.rows", "training_step.bench"),
             ("test_training_step.py", "test_fused_*.py"), ("training-step/*",), marker="training_step"),
 )
 

@@ -41,7 +41,6 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,46 +48,19 @@ import torch.distributed as dist
 
 from cs336_systems.attention.triton_loader import interpreting
 from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
-from cs336_systems.bench.device import peak_flops
-from cs336_systems.bench.provenance import device_name, device_slug
-from cs336_systems.bench.store import ResultStore, read_rows, results_path
+from cs336_systems.bench.provenance import device_slug
+from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.sweep import free_memory, is_oom
 from cs336_systems.bench.timing import synchronize
 from cs336_systems.distributed.launch import RankFailed, Worker, in_torchrun, run_from_env, spawn
-from cs336_systems.model import ModelConfig, get_config
+from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
-from . import arithmetic
 from .memory_budget import GIB, budget
+from .rows import BENCH, CACHE_VARIABLES, DTYPES, KEY, REP_MS, WARMUP_MS, Plan, config_of, row_extras, row_metrics
 from .sharding import SHARDS
 from .train_step import StepOptions
 from .variants import VARIANTS, Recipe, recipe_of
-
-BENCH = "training-step"
-KEY = ("variant", "size", "dtype", "batch", "context", "world_size", "flags")
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-# do_bench's own defaults (triton.testing.do_bench(fn, warmup=25, rep=100)); each is at least one call
-WARMUP_MS, REP_MS = 25.0, 100.0
-CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything the ranks need, decided in main() before any of them starts (picklable)."""
-
-    size: str
-    cfg: ModelConfig            # context_length = the run's context
-    dtype_name: str
-    batch: int                  # global
-    recipes: tuple[Recipe, ...]
-    options: StepOptions
-    warmup_ms: float
-    rep_ms: float
-    cold_cache: bool
-    results_dir: str | None
-    device_slug: str
-    started: float              # time.time() at main()'s start
-    run_id: str
 
 
 def _say(worker: Worker, message: str) -> None:
@@ -157,63 +129,6 @@ def _attempt(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
         free_memory()
 
 
-def _ceiling_tflops(slug: str, dtype_name: str) -> float | None:
-    """The measured dense-matmul ceiling of this GPU (results/ceilings), if measured."""
-    from cs336_systems.bench.ceilings import BENCH as CEILINGS
-
-    rows = [r for r in read_rows(results_path(CEILINGS, slug)) if r.get("status") == "ok"
-            and r.get("op") == "matmul" and r.get("dtype") == dtype_name]
-    return rows[-1]["tflops"] if rows else None
-
-
-def row_metrics(plan: Plan, recipe: Recipe, world: int, per_rank: list[dict[str, Any]],
-                device: torch.device) -> dict[str, Any]:
-    """One row's metrics from every rank's numbers (all ranks succeeded)."""
-    cfg, context = plan.cfg, plan.cfg.context_length
-    first = per_rank[0]  # timing: every rank holds the slowest rank's times
-    flops = arithmetic.step_flops(cfg, plan.batch, context)
-    step_s = first["step_ms"] / 1e3
-    peak = peak_flops(device_name(device), plan.dtype_name) if device.type == "cuda" else None
-    measured = _ceiling_tflops(plan.device_slug, plan.dtype_name) if device.type == "cuda" else None
-    peaks = [r["peak_allocated_gib"] for r in per_rank]
-    return {
-        **{k: first[k] for k in ("step_ms", "step_ms_mean", "step_ms_min", "step_ms_max", "n_timed",
-                                 "n_warmup", "timer")},
-        "warmup_ms": plan.warmup_ms, "rep_ms": plan.rep_ms,
-        "tokens": plan.batch * context, "model_flops": flops,
-        "mfu": arithmetic.mfu(flops, step_s, world, peak) if peak else None,
-        "peak_tflops_datasheet": peak / 1e12 if peak else None,
-        "mfu_measured_ceiling": arithmetic.mfu(flops, step_s, world, measured * 1e12) if measured else None,
-        "ceiling_tflops_measured": measured,
-        "peak_allocated_gib": max(peaks) if peaks[0] is not None else None,
-        "peak_allocated_gib_per_rank": peaks if peaks[0] is not None else None,
-        "peak_reserved_gib": max(r["peak_reserved_gib"] for r in per_rank) if peaks[0] is not None else None,
-        "after_build_gib": max(r["after_build_gib"] for r in per_rank) if peaks[0] is not None else None,
-        "first_step_peak_gib": max(r["first_step_peak_gib"] for r in per_rank) if peaks[0] is not None else None,
-        # each rank's loss is the mean over its equal share of the batch: their mean is the batch's
-        "loss_first_step": sum(r["loss_first_step"] for r in per_rank) / world,
-        "loss_last": sum(r["loss_last"] for r in per_rank) / world,
-        "steps_taken": first["steps_taken"],  # do_bench's count: loss_last is the loss at the last one
-        **{k: max(r[k] for r in per_rank) for k in ("first_step_s", "wall_to_first_step_s",
-                                                    "since_start_to_first_step_s", "wall_total_s",
-                                                    "since_start_s")},
-    }
-
-
-def config_of(plan: Plan, recipe: Recipe, world: int) -> dict[str, Any]:
-    return {"variant": recipe.variant, "size": plan.size, "dtype": plan.dtype_name, "batch": plan.batch,
-            "context": plan.cfg.context_length, "world_size": world, "flags": recipe.flags()}
-
-
-def _extras(plan: Plan, recipe: Recipe, world: int) -> dict[str, Any]:
-    """What every row carries besides its measurements."""
-    layout = recipe.layout(DTYPES[plan.dtype_name])
-    estimate = budget(plan.cfg, layout, world, plan.batch // world, plan.cfg.context_length)
-    return {"run_id": plan.run_id, "cold_cache": plan.cold_cache, "seed": plan.options.seed,
-            "n_params": arithmetic.params(plan.cfg), "memory_estimate_gib": estimate.as_gib(),
-            "cpu_cores": os.cpu_count(), "threads_per_rank": torch.get_num_threads()}
-
-
 def run_variants(worker: Worker, plan: Plan) -> list[str]:
     """Every variant in turn on this rank; rank 0 writes each row as it finishes. Returns the statuses."""
     store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir) if worker.rank == 0 else None
@@ -227,7 +142,7 @@ def run_variants(worker: Worker, plan: Plan) -> list[str]:
         statuses.append(status)
         if store is None:
             continue
-        config, extras = config_of(plan, recipe, worker.world_size), _extras(plan, recipe, worker.world_size)
+        config, extras = config_of(plan, recipe, worker.world_size), row_extras(plan, recipe, worker.world_size)
         if failed:
             rank, g = failed[0]
             store.append(config, extras, status=status, error=f"rank {rank}: {g['error']}")
@@ -289,7 +204,7 @@ def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
     done = {r["variant"] for r in store.rows() if r.get("run_id") == plan.run_id}
     for recipe in plan.recipes:
         if recipe.variant not in done:
-            store.append(config_of(plan, recipe, world), _extras(plan, recipe, world), status="error", error=why)
+            store.append(config_of(plan, recipe, world), row_extras(plan, recipe, world), status="error", error=why)
 
 
 def build_parser() -> Parser:

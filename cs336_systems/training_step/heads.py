@@ -42,19 +42,23 @@ class FullLogitsLoss(_LossHead):
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
-def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of the cross-entropy of one chunk: hidden (chunk, d), targets (chunk,)."""
-    logits = F.linear(hidden, weight).float()  # (chunk, V) fp32
-    return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+class _ChunkedHead(_LossHead):
+    """A head that goes through the positions `chunk` at a time."""
 
-
-class ChunkedLossHead(_LossHead):
     def __init__(self, weight: nn.Parameter, chunk: int = 4096):
         super().__init__(weight)
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         self.chunk = chunk
 
+
+def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of the cross-entropy of one chunk: hidden (chunk, d), targets (chunk,)."""
+    logits = F.linear(hidden, weight).float()  # (chunk, V) fp32
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+class ChunkedLossHead(_ChunkedHead):
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         h = hidden.flatten(0, -2)  # (N, d)
         t = targets.flatten()      # (N,)
@@ -68,13 +72,7 @@ class ChunkedLossHead(_LossHead):
         return total / (t != IGNORE_INDEX).sum()
 
 
-class FusedLossHead(_LossHead):
-    def __init__(self, weight: nn.Parameter, chunk: int = 4096):
-        super().__init__(weight)
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
-        self.chunk = chunk
-
+class FusedLossHead(_ChunkedHead):
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # imported here: it loads Triton kernels on first use, and a CPU without Triton must still
         # import this module (the plain and stock variants need none)
