@@ -203,6 +203,24 @@ def test_tuner_times_each_key_under_its_own_mask(monkeypatch):
         assert seen == [causal, causal]  # the problem's forward, then the candidate's
 
 
+def test_the_functions_cached_plans_are_the_tables(monkeypatch):
+    """FlashAttentionFast builds each plan once (host time); the cached plan is what the lookup gives,
+    and the interpreter's tiles never leak into a GPU call's plan or the other way round."""
+    from cs336_systems.attention.fast import function
+    from cs336_systems.attention.fast.tuned_configs import TUNED
+
+    for interp in (False, True):
+        monkeypatch.setattr(tables, "interpreting", lambda interp=interp: interp)
+        for n_bh, seq, d, causal in ((16, 16384, 64, True), (32, 8192, 128, False), (32, 32768, 128, True), (1, 64, 16, True)):
+            size = tables.size_class(n_bh, seq, seq)
+            want_f = tables.lookup_fwd(TUNED, torch.bfloat16, d, causal, n_bh, seq, seq)
+            want_b = tables.lookup_bwd(TUNED, torch.bfloat16, d, causal, n_bh, seq, seq)
+            assert function.tuned_plan("fwd", torch.bfloat16, d, causal, size, interp) == want_f
+            assert function.tuned_plan("bwd", torch.bfloat16, d, causal, size, interp) == want_b
+    assert function.tuned_plan("fwd", torch.bfloat16, 64, True, "large", False) != function.tuned_plan(
+        "fwd", torch.bfloat16, 64, True, "large", True)
+
+
 def test_grid_keys_cover_both_masks_and_the_training_steps_cell():
     shapes = tune.tune_shapes("grid")
     keys = {s[0] for s in shapes}

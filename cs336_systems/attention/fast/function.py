@@ -8,13 +8,16 @@ A plan handed in (`apply(q, k, v, is_causal, fwd_plan, bwd_plan)`) replaces the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..flash_triton import check_triton_inputs, unit_last_stride
 from ..saved_state import load_attention_state, save_attention_state, unfold_like
+from ..triton_loader import interpreting
 from .launch import launch_bwd, launch_fwd
 from .plans import BwdPlan, FwdPlan
-from .table import lookup_bwd, lookup_fwd
+from .table import lookup, size_class
 from .tuned_configs import TUNED
 
 
@@ -41,16 +44,25 @@ class FlashAttentionFast(torch.autograd.Function):
                 unfold_like(dv, ctx.lead_ndim), None, None, None)
 
 
+# A plan depends only on the key's fields (and on whether the interpreter runs, which picks its own
+# tiles), so each is built once: an eager call then builds no plan objects on the host, whose time
+# is most of a short call's (the grid's short cells).
+@functools.cache
+def tuned_plan(kind: str, dtype: torch.dtype, d: int, is_causal: bool, size: str, interpreter: bool):
+    return lookup(TUNED, kind, dtype, d, is_causal, size)
+
+
+def _plan(kind, q, k, is_causal):
+    Z, H, n_q, d = q.shape
+    return tuned_plan(kind, q.dtype, d, is_causal, size_class(Z * H, n_q, k.shape[2]), interpreting())
+
+
 # Opaque to torch.compile, as in flash_triton.py: the table lookup runs with the launches.
 @torch.compiler.disable
 def _forward(q, k, v, is_causal, plan):
-    Z, H, n_q, d = q.shape
-    plan = plan or lookup_fwd(TUNED, q.dtype, d, is_causal, Z * H, n_q, k.shape[2])
-    return launch_fwd(q, k, v, is_causal, plan)
+    return launch_fwd(q, k, v, is_causal, plan or _plan("fwd", q, k, is_causal))
 
 
 @torch.compiler.disable
 def _backward(q, k, v, o, L, do, is_causal, plan):
-    Z, H, n_q, d = q.shape
-    plan = plan or lookup_bwd(TUNED, q.dtype, d, is_causal, Z * H, n_q, k.shape[2])
-    return launch_bwd(q, k, v, o, L, do, is_causal, plan)
+    return launch_bwd(q, k, v, o, L, do, is_causal, plan or _plan("bwd", q, k, is_causal))

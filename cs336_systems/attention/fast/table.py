@@ -53,19 +53,20 @@ def _entry(table: dict, kind: str, dtype: torch.dtype, head_dim: int, causal: bo
 def lookup_fwd(table: dict, dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
                n_keys: int) -> FwdPlan:
     """Interpreter tiles > the table's entry (or the nearest size class's) > the heuristic tiles."""
-    return _lookup(table, "fwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
+    return lookup(table, "fwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
 
 
 def lookup_bwd(table: dict, dtype: torch.dtype, head_dim: int, causal: bool, n_bh: int, n_queries: int,
                n_keys: int) -> BwdPlan:
-    return _lookup(table, "bwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
+    return lookup(table, "bwd", dtype, head_dim, causal, size_class(n_bh, n_queries, n_keys))
 
 
 _KINDS = {"fwd": (FwdPlan, fwd_plan, INTERPRETER_FWD, heuristic_fwd),
           "bwd": (BwdPlan, bwd_plan, INTERPRETER_BWD, heuristic_bwd)}
 
 
-def _lookup(table: dict, kind: str, dtype: torch.dtype, head_dim: int, causal: bool, size: str):
+def lookup(table: dict, kind: str, dtype: torch.dtype, head_dim: int, causal: bool, size: str):
+    """The plan of one kind ("fwd" / "bwd") for a key's fields: what lookup_fwd / lookup_bwd return."""
     plan, from_entry, interpreter_tiles, heuristic = _KINDS[kind]
     if interpreting():
         return plan(interpreter_tiles)
