@@ -72,7 +72,7 @@ def budget_table() -> str:
 
 FACTS = {
     "training_step.params_b": (lambda: arithmetic.params(CFG) / 1e9, ".2f"),
-    "training_step.flops": (flops, ".2e"),
+    "training_step.flops": (lambda: f"{flops() / 1e15:.2f} x 10^15", ""),
     "training_step.ideal_s": (lambda: seconds_at(1.0), ".2f"),
     "training_step.goal_mfu": (lambda: mfu_at(GOAL_S), ".0%"),
     "training_step.stretch_mfu": (lambda: mfu_at(STRETCH_S), ".0%"),
