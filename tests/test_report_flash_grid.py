@@ -57,3 +57,22 @@ def test_plan_label_follows_the_lookup_rule(monkeypatch):
     assert flash_grid.plan_label("fwd", 128, True, 16, 8192) == "medium, Triton"  # large borrows medium; Gluon is d = 64 only
     assert flash_grid.plan_label("fwd", 64, False, 16, 8192) == "heuristic tiles"
     assert flash_grid.plan_label("bwd", 64, True, 16, 8192) == "heuristic tiles"
+
+
+def test_a_remeasured_cell_counts_by_its_newest_row_and_the_rest_are_marked_earlier(monkeypatch):
+    """`flash-grid --remeasure` appends a newer run: each cell counts by its newest row, cells the
+    newer run did not reach are the earlier run's (marked †), and the earlier speeds stay readable."""
+    old = _rows()
+    again = old[(old.seq == 8192) & (old.status == "ok")].assign(
+        git="def", time_utc="2026-12-02T00:00:00Z",
+        speed_vs_cudnn=lambda d: d.speed_vs_cudnn.where(d.impl != "ours", 3.0))
+    df = pd.concat([old, again], ignore_index=True)
+    monkeypatch.setattr(flash_grid, "load_results",
+                        lambda bench, status=None: df if status is None else df[df.status == status])
+    assert flash_grid.newest_git() == "def"
+    assert flash_grid.speeds().tolist() == [0.5, 3.0]  # 1,024 from "abc", 8,192 re-measured by "def"
+    assert list(flash_grid.earlier_cells()) == [(64, "causal", "1 x 16", 1024)]
+    assert flash_grid.earlier_speeds().tolist() == [0.5, 2.0]  # the "abc" run's own ratios
+    table = flash_grid.speed_table("ours", "fwd_bwd")
+    assert "| 64 | causal | 1 x 16 | 0.50 † | 3.00 |" in table and "git abc" in table
+    assert flash_grid.plans().fwd.loc[(64, "causal", "1 x 16", 1024)] == "earlier table †"
