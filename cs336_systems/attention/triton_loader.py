@@ -34,11 +34,40 @@ def kernels(module_name: str) -> ModuleType:
     """The module `module_name` (dotted: one of our kernel modules, or a triton module), imported on
     first use; TritonNotInstalled, saying what to install, when triton cannot be imported."""
     try:
-        return importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except ImportError as e:
         if (e.name or "").split(".")[0] != "triton":  # a missing module of ours is a different bug
             raise
         raise TritonNotInstalled(f"{module_name}: {NO_TRITON}") from e
+    if interpreting():
+        _squeeze_scalar_index()
+    return module
+
+
+def _squeeze_scalar_index() -> None:
+    """Let Triton 3.6's interpreter use a scalar argument as a loop bound under numpy >= 2.4.
+
+    The interpreter holds a scalar argument (`n_keys`, `n_vocab`) as a numpy array of shape (1,)
+    and turns it into a Python int with `int(array)`, which numpy 2.4 refuses ("only 0-dimensional
+    arrays can be converted to Python scalars"): every `range(0, n_keys, BLOCK_N)` fails. Triton
+    3.7+ squeezes the array first; this does the same after 3.6 patches its tensors. Nothing
+    changes on a GPU or on other Triton versions."""
+    import triton
+
+    if not triton.__version__.startswith("3.6"):
+        return
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+    if getattr(patch, "squeezes_index", False):
+        return
+
+    def patch_and_squeeze(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_and_squeeze.squeezes_index = True
+    interpreter._patch_lang_tensor = patch_and_squeeze
 
 
 def next_power_of_2(n: int) -> int:
