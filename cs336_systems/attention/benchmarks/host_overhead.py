@@ -63,7 +63,7 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
             f(q, k, v).sum().backward()
         return run
 
-    return {
+    found = {
         "cudnn: forward": lambda: cudnn(q, k, v),
         "ours: forward (torch.compile(Fn.apply), the leaderboard's call)": lambda: ours(q, k, v),
         "ours: forward (Fn.apply, eager)": lambda: FlashAttentionFast.apply(q, k, v, True),
@@ -75,6 +75,40 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
         "cudnn: forward+backward step": step(cudnn),
         "ours: forward+backward step": step(ours),
     }
+    return found | gluon_pieces(q4, k4, v4, step)
+
+
+def gluon_pieces(q4, k4, v4, step) -> dict[str, Callable[[], object]]:
+    """The Gluon kernels' launches through Triton's dispatch and directly (`fast.direct_launch`),
+    and an eager step that runs them; none where the Gluon kernels do not take these inputs."""
+    from ..fast.gluon.fwd_ws import fwd_ws_supported
+
+    if fwd_ws_supported(q4, k4, v4) is not None:
+        return {}
+    from ..fast import FlashAttentionFast
+    from ..fast.gluon.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
+    from ..fast.gluon.flash_fwd_ws_kernel import fwd_ws_kernel
+    from ..fast.gluon.fwd_ws import launch_fwd_ws
+    from ..fast.gluon.onepass_ws import launch_bwd_onepass_ws, ws_supported
+    from ..fast.plans import BwdPlan, FwdPlan, GluonBwdConfig, GluonFwdConfig
+    from ..flash_launch import launch_preprocess
+    from ..tiles import default_bwd, default_fwd
+
+    do4 = torch.randn_like(q4)
+    o4, L = launch_fwd_ws(q4, k4, v4, True)
+    delta = launch_preprocess(o4, do4)
+    pieces = {"ours: Gluon forward launch, Triton's dispatch": lambda: launch_fwd_ws(q4, k4, v4, True, kernel=fwd_ws_kernel),
+              "ours: Gluon forward launch, direct": lambda: launch_fwd_ws(q4, k4, v4, True)}
+    if ws_supported(q4, k4, v4, do4, True) is None:
+        pieces |= {
+            "ours: Gluon backward launch, Triton's dispatch":
+                lambda: launch_bwd_onepass_ws(q4, k4, v4, do4, L, delta, True, kernel=bwd_onepass_ws_kernel),
+            "ours: Gluon backward launch, direct": lambda: launch_bwd_onepass_ws(q4, k4, v4, do4, L, delta, True)}
+        fwd = FwdPlan(default_fwd(q4.dtype, q4.shape[-1]), GluonFwdConfig())
+        bwd = BwdPlan(default_bwd(q4.dtype, q4.shape[-1]), gluon=GluonBwdConfig())
+        pieces["ours: forward+backward step (Fn.apply, eager, the Gluon kernels)"] = step(
+            lambda q, k, v: FlashAttentionFast.apply(q, k, v, True, fwd, bwd))
+    return pieces
 
 
 def main(argv: list[str] | None = None) -> int:

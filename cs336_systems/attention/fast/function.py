@@ -29,7 +29,8 @@ class FlashAttentionFast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, fwd_plan: FwdPlan | None = None, bwd_plan: BwdPlan | None = None):
         x = check_triton_inputs(q, k, v, is_causal)
-        o4, L = _forward(x.q, x.k, x.v, x.is_causal, fwd_plan)  # (Z, H, n_q, d), (Z, H, n_q) fp32
+        forward = _forward_opaque if torch.compiler.is_compiling() else _forward
+        o4, L = forward(x.q, x.k, x.v, x.is_causal, fwd_plan)  # (Z, H, n_q, d), (Z, H, n_q) fp32
         o = unfold_like(o4, len(x.lead))
         save_attention_state(ctx, x, o, L)
         ctx.bwd_plan = bwd_plan
@@ -39,7 +40,8 @@ class FlashAttentionFast(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, L = load_attention_state(ctx)
         do4 = unit_last_stride(do.unsqueeze(1) if ctx.lead_ndim == 1 else do)
-        dq, dk, dv = _backward(q, k, v, o, L, do4, ctx.is_causal, ctx.bwd_plan)
+        backward = _backward_opaque if torch.compiler.is_compiling() else _backward
+        dq, dk, dv = backward(q, k, v, o, L, do4, ctx.is_causal, ctx.bwd_plan)
         return (unfold_like(dq, ctx.lead_ndim), unfold_like(dk, ctx.lead_ndim),
                 unfold_like(dv, ctx.lead_ndim), None, None, None)
 
@@ -57,12 +59,16 @@ def _plan(kind, q, k, is_causal):
     return tuned_plan(kind, q.dtype, d, is_causal, size_class(Z * H, n_q, k.shape[2]), interpreting())
 
 
-# Opaque to torch.compile, as in flash_triton.py: the table lookup runs with the launches.
-@torch.compiler.disable
 def _forward(q, k, v, is_causal, plan):
     return launch_fwd(q, k, v, is_causal, plan or _plan("fwd", q, k, is_causal))
 
 
-@torch.compiler.disable
 def _backward(q, k, v, o, L, do, is_causal, plan):
     return launch_bwd(q, k, v, o, L, do, is_causal, plan or _plan("bwd", q, k, is_causal))
+
+
+# Opaque to torch.compile, as in flash_triton.py: the table lookup runs with the launches. Only
+# while compiling: an eager call does not pay for the wrapper (it swaps dynamo's frame hooks on
+# every call, which costs more host time than the table lookup it guards).
+_forward_opaque = torch.compiler.disable(_forward)
+_backward_opaque = torch.compiler.disable(_backward)

@@ -15,6 +15,7 @@ from .. import flash_launch
 from ..flash_launch import _bwd_args, _cdiv, _descriptors, _no_tail, _shape, dot_precision, launch_preprocess, tma_ok
 from ..tiles import BwdConfig
 from ..triton_loader import interpreting, kernels, next_power_of_2
+from .direct_launch import direct
 from .plans import BwdPlan, FwdPlan
 
 BWD_ONEPASS = "cs336_systems.attention.fast.flash_bwd_onepass_kernel"
@@ -64,11 +65,15 @@ def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig, ker
     dq_tma = tma and not interpreting()
     ins = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
     dq_arg = _descriptors(dq, None, None, None, c.block_m1, c.block_n1)[0] if dq_tma else dq
-    kernel = kernel or kernels(BWD_ONEPASS).bwd_onepass_kernel
-    kernel[(_cdiv(n_k, c.block_n1), Z * H)](
-        *ins, L, delta, dq_arg, dk, dv, *strides, *sizes,
+    grid = (_cdiv(n_k, c.block_n1), Z * H)
+    args = (*ins, L, delta, dq_arg, dk, dv, *strides, *sizes)
+    constexprs = dict(
         CAUSAL=is_causal, EVEN_N=n_k % c.block_n1 == 0, HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)),
         BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, TMA=tma, DQ_TMA=dq_tma,
         NO_TAIL=_no_tail(n_q, is_causal, c.block_m1, c.block_n1), INPUT_PRECISION=dot_precision(q.dtype),
         num_warps=c.num_warps1, num_stages=c.num_stages1)
+    if kernel is None:
+        direct(kernels(BWD_ONEPASS).bwd_onepass_kernel).launch(grid, args, constexprs)
+    else:
+        kernel[grid](*args, **constexprs)
     return dq.to(q.dtype), dk, dv

@@ -42,15 +42,17 @@ def register_split(warpgroups: int) -> tuple[int, int]:
 
 
 def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int = 64, stages: int = 4,
-                  warpgroups: int = 3) -> tuple[Tensor, Tensor]:
+                  warpgroups: int = 3, kernel=None) -> tuple[Tensor, Tensor]:
     """O (Z, H, n_q, 64) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp, as `launch_fwd`.
-    A program owns 64 * warpgroups queries; block_n keys per tile, stages tiles in flight."""
+    A program owns 64 * warpgroups queries; block_n keys per tile, stages tiles in flight.
+    `kernel`: launched through Triton's own dispatch instead of directly (to time the difference)."""
     import triton
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ...flash_launch import _scales
+    from ..direct_launch import direct
     from .flash_fwd_ws_kernel import fwd_ws_kernel
+    from .onepass_ws import shared_layout
 
     if warpgroups not in (2, 3):
         raise ValueError(f"launch_fwd_ws: warpgroups must be 2 or 3, got {warpgroups}")
@@ -60,15 +62,18 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
         raise ValueError(f"launch_fwd_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
     n_k = k.shape[2]
-    gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_desc = TensorDescriptor.from_tensor(q.reshape(-1, d), [ROWS, d], gl.NVMMASharedLayout.get_default_for([ROWS, d], gl_dtype))
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gl_dtype)
+    q_desc = TensorDescriptor.from_tensor(q.reshape(-1, d), [ROWS, d], shared_layout(ROWS, d, q.dtype))
+    kv_layout = shared_layout(block_n, d, q.dtype)
     k_desc, v_desc = (TensorDescriptor.from_tensor(t.reshape(-1, d), [block_n, d], kv_layout) for t in (k, v))
     o = torch.empty_like(q)
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     maxnreg, math_regs = register_split(warpgroups)
-    fwd_ws_kernel[(triton.cdiv(n_q, ROWS * warpgroups), Z * H)](
-        q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1],
-        D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
-        num_warps=4, maxnreg=maxnreg)
+    grid = (triton.cdiv(n_q, ROWS * warpgroups), Z * H)
+    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1])
+    constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
+                      num_warps=4, maxnreg=maxnreg)
+    if kernel is None:
+        direct(fwd_ws_kernel).launch(grid, args, constexprs)
+    else:
+        kernel[grid](*args, **constexprs)
     return o, L

@@ -8,6 +8,8 @@ other inputs run the plan's Triton kernels. Its variants and ablations are timed
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -36,6 +38,15 @@ def ws_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool, b
     return None
 
 
+@functools.cache
+def shared_layout(rows: int, d: int, dtype: torch.dtype):
+    """The NVMMA shared-memory layout of a (rows, d) tile of `dtype` (the same every call: built once)."""
+    from triton.experimental.gluon import language as gl
+
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype)
+
+
 def register_split(block_n: int, dq_regs: int) -> tuple[int, int]:
     """(maxnreg at launch, math warpgroups' registers): the 64K-register file over one program's warps
     (a math warpgroup per 64 keys, and the dQ warpgroup); setmaxnreg then moves registers from the
@@ -51,10 +62,10 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32.
     block_n keys per program (128), one math warpgroup per 64 of them; one more warpgroup
     (dq_regs registers per thread) does dQ's matmul and adds. `kernel` replaces the committed kernel (for ablations)."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ...flash_launch import _scales
+    from ..direct_launch import direct
     from .flash_bwd_ws_kernel import bwd_onepass_ws_kernel
 
     if block_n != 128:  # at 64 keys two programs per SM do not fit their registers without spills
@@ -65,17 +76,19 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
         raise ValueError(f"launch_bwd_onepass_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
     n_k = k.shape[2]
-    gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK, d], gl_dtype)
+    layout = shared_layout(BLOCK, d, q.dtype)
     descs = [TensorDescriptor.from_tensor(t.reshape(-1, d), [BLOCK, d], layout) for t in (q, k, v, do)]
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
-    dq_desc = TensorDescriptor.from_tensor(dq.view(-1, d), [BLOCK, d], gl.NVMMASharedLayout.get_default_for([BLOCK, d], gl.float32))
+    dq_desc = TensorDescriptor.from_tensor(dq.view(-1, d), [BLOCK, d], shared_layout(BLOCK, d, torch.float32))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale, qk_scale = _scales(d)
     maxnreg, math_regs = register_split(block_n, dq_regs)
-    kernel = kernel or bwd_onepass_ws_kernel
-    kernel[(n_k // block_n, Z * H)](
-        *descs, L, delta, dq, dq_desc, dk, dv, n_q, n_k, qk_scale, sm_scale,
-        D=d, BM=BLOCK, BN=block_n, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, MATH_REGS=math_regs,
-        DQ_REGS=dq_regs, DQ_TMA=dq_tma, RED_BUFS=red_bufs, num_warps=4, maxnreg=maxnreg)
+    grid = (n_k // block_n, Z * H)
+    args = (*descs, L, delta, dq, dq_desc, dk, dv, n_q, n_k, qk_scale, sm_scale)
+    constexprs = dict(D=d, BM=BLOCK, BN=block_n, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, MATH_REGS=math_regs,
+                      DQ_REGS=dq_regs, DQ_TMA=dq_tma, RED_BUFS=red_bufs, num_warps=4, maxnreg=maxnreg)
+    if kernel is None:
+        direct(bwd_onepass_ws_kernel).launch(grid, args, constexprs)
+    else:
+        kernel[grid](*args, **constexprs)
     return dq.to(q.dtype), dk, dv

@@ -1,0 +1,111 @@
+"""Launching compiled kernels directly (`fast.direct_launch`): the launch key on any machine, the
+caching logic with a stand-in kernel, and on a GPU the same outputs as Triton's own dispatch."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from cs336_systems.attention.fast import direct_launch
+from tests.triton_mode import NO_TRITON, ON_GPU, needs_gpu, pytestmark  # noqa: F401
+
+triton = pytest.importorskip("triton", reason=NO_TRITON)
+
+
+def test_spec_tells_apart_what_triton_compiles_differently():
+    buf = torch.zeros(64)
+    spec = direct_launch._spec
+    assert spec(buf[:8]) == spec(buf[4:12])  # both 16-byte aligned fp32 pointers
+    assert spec(buf[:8]) != spec(buf[1:9])  # 4 bytes off: Triton compiles unaligned loads
+    assert spec(buf) != spec(buf.double())
+    assert spec(16) != spec(17) and spec(1) != spec(2)  # integers specialise on value (== 1, % 16)
+
+
+class StandIn:
+    """A kernel as DirectKernel sees it: `[grid](*args, **kw)` compiles once and returns an object
+    whose `run` launches; records which way each launch went."""
+
+    arg_names = ["X", "n", "BLOCK", "FLAG"]
+    params = [types.SimpleNamespace(name=n, default=d) for n, d in
+              (("X", None), ("n", None), ("BLOCK", None), ("FLAG", False))]
+
+    def __init__(self):
+        self.dispatched, self.direct = [], []
+        self.compiled = types.SimpleNamespace(function="fn", packed_metadata="meta", run=self._run)
+
+    def __getitem__(self, grid):
+        def dispatch(*args, **kw):
+            self.dispatched.append((grid, args, kw))
+            return self.compiled
+        return dispatch
+
+    def _run(self, *launch):
+        self.direct.append(launch)
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    monkeypatch.setattr(direct_launch, "interpreting", lambda: False)
+    monkeypatch.setattr(direct_launch, "_device_and_stream", lambda: (0, 77))
+    return StandIn()
+
+
+def test_first_launch_per_key_goes_through_triton_then_directly(standin):
+    kernel = direct_launch.DirectKernel(standin)
+    x = torch.zeros(32)
+    for _ in range(3):
+        kernel.launch((4, 2), (x, 32), dict(BLOCK=16, num_warps=4))
+    assert len(standin.dispatched) == 1 and len(standin.direct) == 2
+    # grid padded to 3-D, the stream, the compiled function, no launch metadata or hooks, then every
+    # parameter in order: the runtime arguments and the constexprs, defaults filled in
+    assert standin.direct[0] == (4, 2, 1, 77, "fn", "meta", None, None, None, x, 32, 16, False)
+
+
+def test_a_new_shape_or_constexpr_or_alignment_goes_through_triton_again(standin):
+    kernel = direct_launch.DirectKernel(standin)
+    x = torch.zeros(64)
+    kernel.launch((1,), (x, 32), dict(BLOCK=16))
+    kernel.launch((1,), (x, 33), dict(BLOCK=16))
+    kernel.launch((1,), (x, 32), dict(BLOCK=32))
+    kernel.launch((1,), (x[1:], 32), dict(BLOCK=16))
+    kernel.launch((1,), (x, 32), dict(BLOCK=16, num_warps=8))
+    assert len(standin.dispatched) == 5 and not standin.direct
+
+
+def test_a_launch_hook_sends_every_launch_through_triton(standin, monkeypatch):
+    from triton import knobs
+
+    kernel = direct_launch.DirectKernel(standin)
+    x = torch.zeros(16)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    for _ in range(2):
+        kernel.launch((1,), (x, 16), dict(BLOCK=16))
+    assert len(standin.dispatched) == 2 and not standin.direct
+
+
+@needs_gpu
+@pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernels need sm_90")
+@pytest.mark.skipif(not triton.__version__.startswith("3.6"), reason="the Gluon kernels are written for Triton 3.6")
+def test_gpu_direct_launches_match_triton_dispatch():
+    """The same kernel launched both ways gives the same bits (the forward and dK/dV are
+    deterministic; dQ is summed with atomics in any order, so it may differ in the last bf16 bit)."""
+    from cs336_systems.attention.fast.gluon.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
+    from cs336_systems.attention.fast.gluon.flash_fwd_ws_kernel import fwd_ws_kernel
+    from cs336_systems.attention.fast.gluon.fwd_ws import launch_fwd_ws
+    from cs336_systems.attention.fast.gluon.onepass_ws import launch_bwd_onepass_ws
+    from cs336_systems.attention.flash_launch import launch_preprocess
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 4, 512, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    o_ref, L_ref = launch_fwd_ws(q, k, v, True, kernel=fwd_ws_kernel)
+    delta = launch_preprocess(o_ref, do)
+    dq_ref, dk_ref, dv_ref = launch_bwd_onepass_ws(q, k, v, do, L_ref, delta, True, kernel=bwd_onepass_ws_kernel)
+    for _ in range(2):  # the first call compiles through Triton, the second launches directly
+        o, L = launch_fwd_ws(q, k, v, True)
+        dq, dk, dv = launch_bwd_onepass_ws(q, k, v, do, L, delta, True)
+    assert torch.equal(o, o_ref) and torch.equal(L, L_ref)
+    assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
+    # dQ: an fp32 sum in another order, rounded to bf16: at most one bf16 step (2^-7 relative) apart
+    torch.testing.assert_close(dq.float(), dq_ref.float(), rtol=2**-7, atol=2**-7 * dq_ref.float().abs().max().item())
