@@ -1,16 +1,19 @@
 """The training-step page's tables and facts: the step's arithmetic and memory budget, computed by
-the package's formulas (cs336_systems/training_step/arithmetic.py, memory_budget.py). No GPU rows
-yet: `just bench training-step` writes results/training-step/ when it runs on the GPUs."""
+the package's formulas (cs336_systems/training_step/arithmetic.py, memory_budget.py), and the two
+fused pieces measured on one H200: the LM head + cross-entropy (`just bench fused-ce`,
+results/training_step/fused_ce) and the AdamW step (`just bench fused-adamw`,
+results/training_step/fused_adamw). No whole-step rows yet: `just bench training-step` needs two GPUs."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from cs336_systems.model import get_config
-from cs336_systems.training_step import arithmetic
+from cs336_systems.training_step import adamw_bench, arithmetic, ce_bench
 from cs336_systems.training_step.memory_budget import GIB, Layout, budget
 from report.flash import register
-from report.results import markdown_table
+from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
+from report.results import load_results, markdown_table, provenance_line
 
 CFG = get_config("8B")
 BATCH, CONTEXT, GPUS = 2, 32_768, 2
@@ -70,6 +73,89 @@ def budget_table() -> str:
               "buffers, fragmentation.*")
 
 
+# The two pieces' benchmarks, at the step's own shapes (their CLI defaults)
+CE_SHAPE = {"positions": BATCH * CONTEXT, "vocab": CFG.vocab_size, "d_model": CFG.d_model, "dtype": "bf16"}
+ADAMW_SHAPE = {"size": "8B", "dtype": "bf16", "shard": GPUS}
+CE_WORDS = {"fused": "ours: fused_linear_cross_entropy",
+            "torch": "F.cross_entropy on the full logits",
+            "torch-chunked": "PyTorch, checkpointed chunks"}
+ADAMW_WORDS = {"ours": "ours: FusedAdamW (Triton)",
+               "torch-fused": "torch AdamW(fused=True)",
+               "torch-foreach": "torch AdamW(foreach=True)"}
+
+
+def _source(bench: str) -> str:
+    return f"results/{bench}/nvidia-h200.jsonl"
+
+
+def _piece_rows(bench: str, key: tuple[str, ...], shape: dict, order: dict) -> pd.DataFrame:
+    """The newest ok row per implementation at the step's shape, indexed by impl in `order`'s order."""
+    df = load_results(bench, status="ok")
+    for column, value in shape.items():
+        df = df[df[column] == value]
+    df = df.sort_values("time_utc").drop_duplicates(list(key), keep="last").set_index("impl")
+    missing = set(order) - set(df.index)
+    if missing:
+        raise KeyError(f"{_source(bench)} has no ok row at {shape} for {sorted(missing)}")
+    return df.loc[list(order)]
+
+
+def ce_rows() -> pd.DataFrame:
+    """The fused loss, F.cross_entropy on the full logits and the chunked PyTorch loss at the step's
+    shape (N 65,536, V 151,936, d 4,096, bf16): ms, tflops, peak_gib (above the inputs), ..."""
+    return _piece_rows(ce_bench.BENCH, ce_bench.KEY, CE_SHAPE, CE_WORDS)
+
+
+def adamw_rows() -> pd.DataFrame:
+    """One AdamW step over one rank's half of the 8B model's parameters, bf16: ms, gb_per_s, host_ms, ..."""
+    return _piece_rows(adamw_bench.BENCH, adamw_bench.KEY, ADAMW_SHAPE, ADAMW_WORDS)
+
+
+def ce_table() -> str:
+    df = ce_rows()
+    table = pd.DataFrame({"implementation": [CE_WORDS[i] for i in df.index],
+                          "forward + backward (ms)": df.ms.to_numpy(),
+                          "TFLOP/s": df.tflops.to_numpy(),
+                          "peak memory above the inputs (GiB)": df.peak_gib.to_numpy()})
+    return (markdown_table(table, formats={"forward + backward (ms)": ".0f", "TFLOP/s": ".0f",
+                                           "peak memory above the inputs (GiB)": ".1f"})
+            + "\n\n" + provenance_line(df.reset_index(), _source(ce_bench.BENCH))
+            + f" *N = {CE_SHAPE['positions']:,} positions, V = {CE_SHAPE['vocab']:,}, d = {CE_SHAPE['d_model']:,}, "
+              f"bf16, chunks of {int(df.chunk_size.iloc[0]):,}; the median of `do_bench` over forward + backward; "
+              "TFLOP/s counts the 6 N V d FLOPs of the three matmuls (the chunked loss recomputes its logits "
+              "and runs 8, counted as 6); the full logits alone are "
+              f"{df.full_logits_gib.iloc[0]:.1f} GiB.*")
+
+
+def adamw_table() -> str:
+    df = adamw_rows()
+    table = pd.DataFrame({"implementation": [ADAMW_WORDS[i] for i in df.index],
+                          "step (ms)": df.ms.to_numpy(),
+                          "GB/s": df.gb_per_s.to_numpy(),
+                          "host time (ms)": df.host_ms.to_numpy()})
+    first = df.iloc[0]
+    return (markdown_table(table, formats={"step (ms)": ".1f", "GB/s": ",.0f", "host time (ms)": ".1f"})
+            + "\n\n" + provenance_line(df.reset_index(), _source(adamw_bench.BENCH))
+            + f" *{int(first.numel) / 1e9:.2f} billion bf16 parameters in {int(first.tensors)} tensors (one rank's "
+              f"half of the 8B model); GB/s counts the {first.bytes_moved / 1e9:.1f} GB a step must move (p, g, m, "
+              "v read, p, m, v written) over the step's GPU time; the host time is how long `opt.step()` "
+              "takes to return.*")
+
+
+def _ce(impl: str, column: str) -> float:
+    return float(ce_rows().loc[impl, column])
+
+
+def _count_words(x: float) -> str:
+    """A small count as a word in a sentence ("three buffers"), larger ones as digits."""
+    n = round(x)
+    return ("zero", "one", "two", "three", "four", "five", "six")[n] if n <= 6 else f"{n:,}"
+
+
+def _adamw(impl: str, column: str) -> float:
+    return float(adamw_rows().loc[impl, column])
+
+
 FACTS = {
     "training_step.params_b": (lambda: arithmetic.params(CFG) / 1e9, ".2f"),
     "training_step.flops": (lambda: f"{flops() / 1e15:.2f} x 10^15", ""),
@@ -83,5 +169,31 @@ FACTS = {
         lambda: budget_of(LAYOUTS["ours (FlashAttention, fused loss, FSDP2, every block checkpointed)"]).estimate / GIB, ".0f"),
     "training_step.ours_ddp_gib": (
         lambda: budget_of(LAYOUTS["ours, no sharding (DDP), every block checkpointed"]).estimate / GIB, ".0f"),
+    # the fused loss (results/training_step/fused_ce)
+    "training_step.ce_fused_ms": (lambda: _ce("fused", "ms"), ".0f"),
+    "training_step.ce_torch_ms": (lambda: _ce("torch", "ms"), ".0f"),
+    "training_step.ce_chunked_ms": (lambda: _ce("torch-chunked", "ms"), ".0f"),
+    "training_step.ce_fused_gib": (lambda: _ce("fused", "peak_gib"), ".1f"),
+    "training_step.ce_torch_gib": (lambda: _ce("torch", "peak_gib"), ".1f"),
+    "training_step.ce_chunked_gib": (lambda: _ce("torch-chunked", "peak_gib"), ".1f"),
+    "training_step.ce_logits_gib": (lambda: _ce("torch", "full_logits_gib"), ".1f"),
+    "training_step.ce_torch_over_logits": (lambda: _count_words(_ce("torch", "peak_gib") / _ce("torch", "full_logits_gib")), ""),
+    "training_step.ce_memory_ratio": (lambda: _ce("torch", "peak_gib") / _ce("fused", "peak_gib"), ".0f"),
+    "training_step.ce_speedup": (lambda: _ce("torch", "ms") / _ce("fused", "ms"), ".2f"),
+    "training_step.ce_chunked_slowdown": (lambda: _ce("torch-chunked", "ms") / _ce("fused", "ms"), ".1f"),
+    "training_step.ce_fused_tflops": (lambda: _ce("fused", "tflops"), ".0f"),
+    "training_step.ce_fused_of_ceiling": (lambda: _ce("fused", "tflops") / matmul_ceiling_tflops("bf16"), ".0%"),
+    # the AdamW step (results/training_step/fused_adamw)
+    "training_step.adamw_ours_ms": (lambda: _adamw("ours", "ms"), ".1f"),
+    "training_step.adamw_fused_ms": (lambda: _adamw("torch-fused", "ms"), ".1f"),
+    "training_step.adamw_foreach_ms": (lambda: _adamw("torch-foreach", "ms"), ".1f"),
+    "training_step.adamw_speedup": (lambda: _adamw("torch-fused", "ms") / _adamw("ours", "ms"), ".2f"),
+    "training_step.adamw_saved_ms": (lambda: _adamw("torch-fused", "ms") - _adamw("ours", "ms"), ".0f"),
+    "training_step.adamw_params_b": (lambda: _adamw("ours", "numel") / 1e9, ".2f"),
+    "training_step.adamw_ours_tbps": (lambda: _adamw("ours", "gb_per_s") / 1e3, ".1f"),
+    "training_step.adamw_fused_tbps": (lambda: _adamw("torch-fused", "gb_per_s") / 1e3, ".1f"),
+    "training_step.adamw_ours_of_copy": (lambda: _adamw("ours", "gb_per_s") / 1e3 / copy_ceiling_tbps(), ".0%"),
+    "training_step.adamw_ours_host_ms": (lambda: _adamw("ours", "host_ms"), ".1f"),
+    "training_step.adamw_fused_host_ms": (lambda: _adamw("torch-fused", "host_ms"), ".1f"),
 }
 register(FACTS)
