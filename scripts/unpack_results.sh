@@ -25,4 +25,32 @@ if bad:
           f"results/ (nothing was extracted):", *bad, sep="\n  ", file=sys.stderr)
     sys.exit(1)
 EOF
-tar xzvf "$archive" -C "$root" --no-same-owner
+
+# A .jsonl store is appended to, never replaced: the archive holds the whole file as the device had
+# it (the snapshot's rows plus the run's), and a later call from the same snapshot holds the same
+# older rows without an earlier call's, so extracting over the file would drop that call's rows.
+# Lines the file lacks are added, in the archive's order; other files are written as they are.
+python3 - "$archive" "$root" <<'EOF'
+import sys
+import tarfile
+from pathlib import Path
+
+archive, root = sys.argv[1], Path(sys.argv[2])
+with tarfile.open(archive) as tar:
+    for member in tar.getmembers():
+        if not member.isfile():
+            continue
+        path = root / member.name
+        data = tar.extractfile(member).read().decode()
+        if path.suffix == ".jsonl" and path.exists():
+            have = path.read_text()
+            known = set(have.splitlines())
+            new = [line for line in data.splitlines() if line and line not in known]
+            if new:
+                path.write_text(have + ("\n" if have and not have.endswith("\n") else "") + "\n".join(new) + "\n")
+            print(f"{member.name}: {len(new)} new rows")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(data)
+            print(member.name)
+EOF

@@ -169,3 +169,27 @@ def test_unpack_results_refuses_an_archive_reaching_outside_results(tmp_path):
     good = archive("good.tgz", "results/a/x.jsonl")
     assert subprocess.run(["bash", str(script), str(good)], cwd=repo, capture_output=True).returncode == 0
     assert (repo / "results" / "a" / "x.jsonl").read_text() == "{}\n"
+
+
+def test_unpack_results_appends_rows_instead_of_dropping_an_earlier_calls(tmp_path):
+    """Two calls from one snapshot each bring the snapshot's rows plus their own: unpacking the
+    second after the first must keep the first call's rows (a store is appended to, not replaced)."""
+    import tarfile
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "unpack_results.sh"
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    store = repo / "results" / "b" / "x.jsonl"
+    store.parent.mkdir(parents=True)
+    store.write_text('{"row": 0}\n')  # the snapshot's rows
+
+    def unpack(name: str, text: str) -> None:
+        (tmp_path / "x.jsonl").write_text(text)
+        with tarfile.open(tmp_path / name, "w:gz") as tar:
+            tar.add(tmp_path / "x.jsonl", arcname="results/b/x.jsonl")
+        subprocess.run(["bash", str(script), str(tmp_path / name)], cwd=repo, check=True, capture_output=True)
+
+    unpack("call1.tgz", '{"row": 0}\n{"row": 1}\n')
+    unpack("call2.tgz", '{"row": 0}\n{"row": 2}\n')
+    assert store.read_text() == '{"row": 0}\n{"row": 1}\n{"row": 2}\n'
