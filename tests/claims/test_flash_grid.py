@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from report import flash_grid
-from report.flash_grid import long_range, plans, speeds, step, times
+from report.flash_grid import long_range, plans, speeds, step
+from report.results import load_results
 
 SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -32,67 +33,49 @@ def test_every_cell_states_ours_against_cudnn_in_both_modes():
 
 
 def test_the_goal_is_not_met_and_the_gluon_cells_meet_it():
-    # Answer: "the goal is not met"; "Forward+backward meets it in ... of ... cells and the forward
-    # in ..., all with d = 64 and sequences from 8,192, causal and non-causal: the cells that run the
-    # tuned Gluon kernels."
+    # Answer: "In one run of all ... cells, forward+backward meets it in ... and the forward in ...,
+    # all with d = 64 and sequences from 8,192, where the tuned Gluon kernels run; every d = 64 cell
+    # from 8,192 is at ...x cuDNN's speed or better" (within 2% of cuDNN at worst).
     for mode in ("fwd", "fwd_bwd"):
         met = flash_grid.met(mode)
         assert 0 < len(met) < len(speeds("ours", mode))
         assert set(_levels(met, "d")) == {64} and min(_levels(met, "seq")) >= flash_grid.LONG
         assert set(plans().loc[met.index].fwd) == {"large, Gluon"}
-    assert set(_levels(flash_grid.met("fwd_bwd"), "mask")) == {"causal", "full"}
+    assert long_range("fwd_bwd", d=64).min() > 0.98
 
 
-def test_every_long_d128_cell_is_behind_and_short_sequences_are_furthest():
-    # Answer: "Every long d = 128 cell is behind (...x to ...x cuDNN's speed), and the short sequences
-    # are furthest behind (down to ...x, at ...)"
+def test_the_grid_is_one_run():
+    # "All cells above are one code version (git ...) on one GPU on one day."
+    df = flash_grid.grid_rows()
+    assert set(df.git) == {flash_grid.newest_git()} and df.time_utc.str[:10].nunique() == 1
+    assert df.device.nunique() == 1 and len(flash_grid.earlier_cells()) == 0
+
+
+def test_every_long_d128_cell_is_behind_the_step_cell_too_and_short_sequences_are_furthest():
+    # Answer: "Every long d = 128 cell is behind (...x to ...x), the 2026 training step's cell ...
+    # among them at ...x forward+backward and ...x forward. At short sequences ... (down to ...x, at ...)"
     assert long_range("fwd_bwd", d=128).max() < 1
+    assert step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd") and step("ours", "fwd") > step("cudnn", "fwd")
     s = speeds()
     assert _levels(s[[s.idxmin()]], "seq")[0] <= 2048
     assert s[_levels(s, "seq") <= 2048].min() < s[_levels(s, "seq") >= 4096].min()
 
 
-def test_the_2026_step_cell_misses_in_both_modes_and_is_from_the_earlier_run():
-    # Answer: "The 2026 training step's cell ... ran at ...x forward+backward and ...x forward, in the
-    # earlier run: the newest run stopped before it."
-    assert step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd")
-    assert step("ours", "fwd") > step("cudnn", "fwd")
-    assert tuple(flash_grid.STEP_CELL[c] for c in flash_grid.CELL) in flash_grid.earlier_cells()
-
-
-def test_the_earlier_cells_are_the_1x32_d128_ones_named():
-    # "the ... cells marked † (1 x 32 at d = 128: the non-causal ones, and the causal ones from
-    # 16,384) are the earlier run's"
-    want = {(128, "full", "1 x 32", n) for n in SEQS} | {(128, "causal", "1 x 32", n) for n in (16384, 32768)}
-    assert set(flash_grid.earlier_cells()) == want
-    df = flash_grid.grid_rows()
-    new = df[df.git == flash_grid.newest_git()]
-    assert len(new[(new.impl == "ours")]) == 2 * (48 - len(want))  # the rest are all the newest run's
-
-
 def test_ours_leads_flash_and_flex_at_long_sequences():
     # "Ours leads SDPA's FlashAttention-2 backend in every cell from ... positions, and at 32,768 it
-    # beats flex_attention in ... of the ... cells where flex ran its compiled kernel."
+    # beats flex_attention in ... of ... cells."
     start = flash_grid.beats_from("flash")
     assert start <= flash_grid.LONG
     won = flash_grid.beats("flash")
     assert won[_levels(won, "seq") >= start].all()
-    assert flash_grid.beats("flex").loc[32768].all()
-
-
-def test_the_flex_oom_was_the_unfused_fallback():
-    # Note: "asked for ... GiB, the size of that cell's whole fp32 score matrix (32 x 32,768 x
-    # 32,768 x 4 bytes)"; "those two rows ... were removed" (1 x 32 x 4,096, d = 128, non-causal).
-    assert flash_grid.flex_oom_gib() == 32 * 32768 * 32768 * 4 / 2**30
-    flex = flash_grid.grid_rows(status=None).query("impl == 'flex'")
-    assert flex.query("heads == 32 and seq == 4096 and d == 128 and not causal").empty
+    assert flash_grid.beats("flex").loc[32768].sum() > len(flash_grid.beats("flex").loc[32768]) / 2
 
 
 # ---- what tuning the grid's keys bought ----------------------------------------------------------
 
 def test_the_tuner_builds_non_causal_keys_and_a_huge_class_for_the_step():
-    # "The tuner (... --only grid) now builds non-causal keys and times each key under its own mask,
-    # at a shape of the grid (16 x 2,048 for "medium", 32 x 8,192 for "large"), and gives the 2026
+    # "The tuner (... --only grid) builds non-causal keys and times each key under its own mask, at
+    # a shape of the grid (16 x 2,048 for "medium", 32 x 8,192 for "large"), and gives the 2026
     # step's shape ... a size class of its own, "huge", searched widely."
     from cs336_systems.attention.fast.tuning.tune import tune_shapes
 
@@ -104,64 +87,84 @@ def test_the_tuner_builds_non_causal_keys_and_a_huge_class_for_the_step():
     assert "bf16-d64-full-large" in flash_grid.tuned_keys() and "bf16-d128-causal-huge" in flash_grid.tuned_keys()
 
 
-def test_non_causal_d64_now_meets_cudnn_at_long_sequences_and_was_behind():
-    # "d = 64 without a mask went from ...x-...x cuDNN's speed at long sequences (heuristic tiles) to
-    # ...x-...x: the tuner chose the Gluon kernels there"
-    before = flash_grid._long(flash_grid.earlier_speeds(), d=64, mask="full")
-    after = long_range("fwd_bwd", d=64, mask="full")
-    assert before.max() < 1 <= after.min()
+def _first_run_long(**where):
+    return flash_grid._long(flash_grid.run_speeds(flash_grid.run_gits()[0]), **where)
+
+
+def test_non_causal_d64_went_from_behind_to_about_even():
+    # "d = 64 without a mask went from ...x-...x cuDNN's speed to ...x-...x: the tuner chose the
+    # Gluon kernels there" (the first run: heuristic tiles, behind in every long cell)
+    before, after = _first_run_long(d=64, mask="full"), long_range("fwd_bwd", d=64, mask="full")
+    assert before.max() < 0.9 and after.min() > 0.98 and (after > before.reindex(after.index)).all()
     assert set(plans().loc[after.index].fwd) == {"large, Gluon"}
 
 
 def test_non_causal_d128_improved_but_stays_behind():
-    # "d = 128 without a mask (1 x 16, long sequences) went from ...x-...x to ...x-...x with tuned
-    # Triton tiles ... their tiles alone do not reach cuDNN."
-    where = {"d": 128, "mask": "full", "batch x heads": "1 x 16"}
-    before = flash_grid._long(flash_grid.earlier_speeds(), **where)
-    after = long_range("fwd_bwd", **where)
+    # "d = 128 without a mask went from ...x-...x to ...x-...x with tuned Triton tiles ... their tiles
+    # alone do not reach cuDNN."
+    before, after = _first_run_long(d=128, mask="full"), long_range("fwd_bwd", d=128, mask="full")
     assert before.max() < after.min() and after.max() < 1
     assert set(plans().loc[after.index].fwd) == {"large, Triton"}
 
 
-def test_one_cell_got_slower_through_the_gluon_path():
-    # "At 1 x 16 x 4,096, d = 64, non-causal, forward+backward took ... ms through the tuned Gluon
-    # kernels against ... ms with the heuristic Triton tiles before."
-    cell = (64, "full", "1 x 16", 4096)
-    assert times("ours", "fwd_bwd").loc[cell] > flash_grid.earlier_times().loc[cell]
-    assert plans().bwd.loc[cell] == "large, Gluon"
-
-
 # ---- why the cells that miss do -------------------------------------------------------------------
 
-def test_the_step_cells_backward_is_further_behind_than_its_forward():
-    # "The backward is further behind than the forward: at the step's cell (earlier run) the backward
-    # alone ... took ... ms against cuDNN's ... ms. The d = 128 causal "large" entry is still the one
-    # timed at ... (a single head)."
+def test_the_step_cells_backward_is_further_behind_and_two_pass():
+    # "The backward is further behind than the forward: at the step's cell the backward alone ...
+    # took ... ms against cuDNN's ... ms. Our d = 128 backward is the two-pass Triton one ... the tuner
+    # timed it at ... ms ..., and our one-pass Triton backward ... at ... ms."
     bwd = flash_grid.step_backward_ms("cudnn") / flash_grid.step_backward_ms("ours")
     fwd = step("cudnn", "fwd") / step("ours", "fwd")
     assert bwd < fwd < 1
-    assert flash_grid.tuned_at("bf16-d128-causal-large").startswith("1 x ")
+    assert plans().bwd.loc[tuple(flash_grid.STEP_CELL[c] for c in flash_grid.CELL)] == "huge, Triton"
+    two = flash_grid.tuned_best_ms(flash_grid.STEP_KEY, "dkdv") + flash_grid.tuned_best_ms(flash_grid.STEP_KEY, "dq")
+    assert two < flash_grid.tuned_best_ms(flash_grid.STEP_KEY, "onepass")
+    from cs336_systems.attention.fast.tuned_configs import TUNED
+
+    entry = TUNED["bwd"][flash_grid.STEP_KEY]
+    assert not entry["one_pass"] and not entry["fused"] and not entry.get("gluon_ws")
 
 
-def test_a_floor_under_every_call_and_the_host_is_most_of_it():
-    # "At seq 1,024 it took ... to ... ms against cuDNN's ... to ... ms, while ours' forward alone
-    # took ... to ... ms: the backward call adds far more than its kernels' share of so little work."
-    # Far more: ours' backward (fwd+bwd minus fwd) at least 3x cuDNN's in every cell at 1,024.
-    ours = flash_grid.short_ms("ours", "fwd_bwd") - flash_grid.short_ms("ours", "fwd")
-    cudnn = flash_grid.short_ms("cudnn", "fwd_bwd") - flash_grid.short_ms("cudnn", "fwd")
-    assert (ours >= 3 * cudnn).all()
-    assert flash_grid.short_ms("ours", "fwd_bwd").min() > flash_grid.short_ms("cudnn", "fwd_bwd").max()
-    # "The host's time is most of it: ... one eager forward+backward step at ... µs of host time
-    # against cuDNN's ... µs": more than half of ours' shortest forward+backward is the host's.
-    assert flash_grid.host_step_us("ours") > flash_grid.host_step_us("cudnn")
-    assert flash_grid.host_step_us("ours") / 1000 > 0.5 * flash_grid.short_ms("ours", "fwd_bwd").min()
+def test_short_cells_are_set_by_the_host():
+    # "In the ... cells that took under 1.5 ms in every run, ours' forward+backward took ... to ... ms
+    # whatever the shape, and the same cell moved by up to ...x between runs (...): the time is the
+    # host's, not the GPU's." Whatever the shape: 16 times the work (seq 1,024 -> 4,096, d = 64,
+    # causal, 1 x 16) took less than twice the time in every run; and the spread is run to run.
+    ms = flash_grid.short_cells_across_runs()
+    assert len(ms) >= 12 and ms.max().max() < 3 * ms.min().min()
+    small, big = ms.loc[(64, "causal", "1 x 16", 1024)], ms.loc[(64, "causal", "1 x 16", 4096)]
+    assert (big < 2 * small).all()
+    assert flash_grid.short_spread().max() > 1.5
 
 
-def test_the_causal_1x16_cells_sit_on_the_floor():
-    # "at 2,048, 4,096 and 8,192 positions (4 and 16 times the work of the first) ours'
-    # forward+backward took ..., ... and ... ms": 16x the work in about twice the time or less.
-    t = times("ours", "fwd_bwd").loc[flash_grid.GLUON_FLOOR_CELL]
-    assert t[8192] < 2.5 * t[2048]
+def test_the_host_step_and_what_did_not_move_it():
+    # "one eager forward+backward step at 16 x 1,024 took ... to ... µs of host time over four runs,
+    # cuDNN's ... to ... µs. Two changes aimed at it did not move the step beyond that spread"
+    ours, cudnn = flash_grid.host_runs(flash_grid.EAGER_STEP), flash_grid.host_runs(flash_grid.CUDNN_STEP)
+    assert len(ours) == 4 and ours.min() > cudnn.max()
+    df = load_results("attention/host_overhead", status="ok")
+    git = df.drop_duplicates("run").set_index("run").git
+    before, after = ours[git[ours.index] != flash_grid.newest_git()], ours[git[ours.index] == flash_grid.newest_git()]
+    assert len(before) >= 1 and len(after) >= 1 and after.min() > before.min() * 0.9  # no gain past the spread
+    # "The direct launch took the Gluon backward's launch from ... to ... µs, and the Gluon forward's
+    # not at all (... and ... µs)."
+    assert flash_grid.gluon_launch_us("bwd", "direct") < 0.85 * flash_grid.gluon_launch_us("bwd", "dispatch")
+    assert flash_grid.gluon_launch_us("fwd", "direct") >= 0.95 * flash_grid.gluon_launch_us("fwd", "dispatch")
+
+
+def test_the_profile_puts_autograds_engine_first():
+    # "The step's cProfile (...) shows where the rest goes: autograd's backward engine is the largest
+    # single item, ahead of every launch"
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "results" / "attention" / "host_overhead"
+            / "profile-eager-step-b21f8afc27ee.txt").read_text().splitlines()
+    # pstats rows: ncalls tottime percall cumtime percall filename:lineno(function)
+    rows = [line.split() for line in text if line.strip()[:1].isdigit() and "function calls" not in line]
+    assert "run_backward" in " ".join(rows[0])  # sorted by own time: the engine's is the largest
+    own = {" ".join(r[5:]): float(r[1]) for r in rows}
+    launch = [t for name, t in own.items() if "jit.py" in name and "(run)" in name]
+    assert launch and float(rows[0][1]) > max(launch)
 
 
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
