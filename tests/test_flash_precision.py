@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from cs336_systems.attention import flash_launch
-from cs336_systems.attention.fast import FlashAttentionFast
-from cs336_systems.attention.fast import direct_launch
+from cs336_systems.attention.fast import FlashAttentionFast, direct_launch
 from cs336_systems.attention.fast import launch as fast_launch
 from cs336_systems.attention.fast.plans import BwdPlan
 from cs336_systems.attention.flash_launch import dot_precision
