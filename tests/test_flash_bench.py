@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import time
+import warnings
 
 import pandas as pd
 import pytest
@@ -45,8 +46,14 @@ def test_config_keys_and_fallback(monkeypatch):
     monkeypatch.setattr(tables, "interpreting", lambda: False)
     # small borrows medium; a missing key falls back to the heuristic
     assert tables.lookup_fwd(table, torch.bfloat16, 64, True, 1, 512, 512) == FwdPlan(FwdConfig(64, 32, 4, 2))
-    assert tables.lookup_fwd(table, torch.bfloat16, 64, False, 1, 512, 512) == FwdPlan(tiles.heuristic_fwd(torch.bfloat16, 64))
-    assert tables.lookup_bwd(table, torch.float32, 80, True, 1, 512, 512) == BwdPlan(tiles.heuristic_bwd(torch.float32, 128))
+    monkeypatch.setattr(tables, "_WARNED", set())
+    with pytest.warns(tables.UntunedShapeWarning, match="bf16-d64-full-small"):
+        assert tables.lookup_fwd(table, torch.bfloat16, 64, False, 1, 512, 512) == FwdPlan(tiles.heuristic_fwd(torch.bfloat16, 64))
+    with pytest.warns(tables.UntunedShapeWarning, match="bwd plan for fp32-d128-causal-small"):
+        assert tables.lookup_bwd(table, torch.float32, 80, True, 1, 512, 512) == BwdPlan(tiles.heuristic_bwd(torch.float32, 128))
+    with warnings.catch_warnings():  # once per key and kind: the second lookup is quiet
+        warnings.simplefilter("error")
+        tables.lookup_fwd(table, torch.bfloat16, 64, False, 1, 512, 512)
     # under the interpreter every shape runs the 16-wide tiles, whatever the table says
     monkeypatch.setattr(tables, "interpreting", lambda: True)
     assert tables.lookup_fwd(table, torch.bfloat16, 64, True, 1, 512, 512) == FwdPlan(tiles.INTERPRETER_FWD)

@@ -322,3 +322,15 @@ def test_the_gluon_forward_beat_the_triton_forward_on_the_leaderboard():
     gluon = fwd[fwd.kernels.str.startswith("Gluon forward")].ours
     triton = fwd[fwd.kernels.str.startswith("Triton forward")].ours
     assert gluon.max() < triton.min()
+
+
+def test_size_classes_and_the_untuned_warning_are_as_the_tuning_section_says():
+    # FASTER, tuning: '"medium" is up to 32,768 rows of batch x heads x seq, "large" up to 2^19,
+    # "huge" more; smaller launches borrow the medium entry'; 'where its dtype, head dim and mask
+    # have no entry at all it runs a heuristic and warns once (UntunedShapeWarning)'.
+    from cs336_systems.attention.fast import table
+
+    assert [table.size_class(1, n, n) for n in (4096, 4097, 32768, 32769, 2**19, 2**19 + 1)] == [
+        "small", "medium", "medium", "large", "large", "huge"]
+    assert table.SIZE_FALLBACK["small"][:2] == ("small", "medium")
+    assert issubclass(table.UntunedShapeWarning, UserWarning)

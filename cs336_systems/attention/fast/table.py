@@ -2,12 +2,15 @@
 
 A table maps kind ("fwd" / "bwd") -> key -> a plan's fields. A key names what the kernels
 specialise on and how much parallel work a launch has: dtype, padded head dim, mask, size class.
-A shape the table lacks borrows the nearest measured size class, then the heuristic tiles. Under
-the Triton interpreter (CPU) every shape gets the 16-wide interpreter tiles: the table's were
-chosen for a GPU. No autotuning happens on a first call.
+A shape the table lacks borrows the nearest measured size class (`SIZE_FALLBACK`); where no size
+class of its dtype, head dim and mask was measured it runs the heuristic tiles, and says so once
+per key (`UntunedShapeWarning`). Under the Triton interpreter (CPU) every shape gets the 16-wide
+interpreter tiles: the table's were chosen for a GPU. No autotuning happens on a first call.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -17,6 +20,13 @@ from .plans import BwdPlan, FwdPlan, bwd_plan, fwd_plan
 
 SIZE_FALLBACK = {"small": ("small", "medium", "large"), "medium": ("medium", "large"), "large": ("large", "medium"),
                  "huge": ("huge", "large", "medium")}
+
+
+class UntunedShapeWarning(UserWarning):
+    """A shape ran the heuristic tiles: the table has no measured plan for its dtype, head dim and mask."""
+
+
+_WARNED: set[tuple[str, str]] = set()  # (kind, key) already reported in this process
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -71,4 +81,12 @@ def lookup(table: dict, kind: str, dtype: torch.dtype, head_dim: int, causal: bo
     if interpreting():
         return plan(interpreter_tiles)
     found = _entry(table, kind, dtype, head_dim, causal, size)
-    return from_entry(found) if found else plan(heuristic(dtype, next_power_of_2(head_dim)))
+    if found:
+        return from_entry(found)
+    key = table_key(dtype, head_dim, causal, size)
+    if (kind, key) not in _WARNED:
+        _WARNED.add((kind, key))
+        warnings.warn(f"FlashAttentionFast: no measured {kind} plan for {key} (nor another size class of it) "
+                      "in fast/tuned_configs.py; running the heuristic tiles. `just bench flash-tune tune` "
+                      "measures plans on this GPU", UntunedShapeWarning, stacklevel=2)
+    return plan(heuristic(dtype, next_power_of_2(head_dim)))
