@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cs336_systems.attention.fast import direct_launch
+from tests.tolerances import assert_within, sum_bound
 from tests.triton_mode import NO_TRITON, ON_GPU, needs_gpu, pytestmark  # noqa: F401
 
 triton = pytest.importorskip("triton", reason=NO_TRITON)
@@ -109,3 +110,36 @@ def test_gpu_direct_launches_match_triton_dispatch():
     assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
     # dQ: an fp32 sum in another order, rounded to bf16: at most one bf16 step (2^-7 relative) apart
     torch.testing.assert_close(dq.float(), dq_ref.float(), rtol=2**-7, atol=2**-7 * dq_ref.float().abs().max().item())
+
+
+@needs_gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_gpu_one_pass_triton_backward_direct_matches_triton_dispatch(tma):
+    """The one-pass Triton backward (the fp32 table's plans run it) launched both ways: dK and dV the
+    same bits; dQ summed with atomics in any order, at most one fp32 step per add apart."""
+    from cs336_systems.attention.fast.launch import BWD_ONEPASS, launch_bwd_onepass
+    from cs336_systems.attention.flash_launch import launch_fwd, launch_preprocess
+    from cs336_systems.attention.tiles import BwdConfig, FwdConfig
+    from cs336_systems.attention.triton_loader import kernels
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 3, 384, 64, device="cuda", generator=g) for _ in range(4))
+    o, L = launch_fwd(q, k, v, True, FwdConfig(64, 32, 4, 2))
+    delta = launch_preprocess(o, do)
+    c = BwdConfig(32, 32, 32, 32, 4, 2, 4, 2, tma1=tma)
+    dq_ref, dk_ref, dv_ref = launch_bwd_onepass(q, k, v, do, L, delta, True, c,
+                                                kernel=kernels(BWD_ONEPASS).bwd_onepass_kernel)
+    for _ in range(2):  # the first call compiles through Triton, the second launches directly
+        dq, dk, dv = launch_bwd_onepass(q, k, v, do, L, delta, True, c)
+    assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
+    # dQ_i = scale * sum_j dS_ij K_j, added into fp32 by 384 / 32 = 12 key-tile programs in whatever
+    # order they finish: two orders differ by at most twice the bound of a 12-term fp32 sum, scaled
+    # by sum_j |dS_ij| |K_j| (float64 here: P = softmax, dS = P * (dO V^T - rowsum(dO * O)))
+    qd, kd, vd, dod = (t.double() for t in (q, k, v, do))
+    scale = 64 ** -0.5
+    s = qd @ kd.transpose(-1, -2) * scale
+    s = s.masked_fill(torch.ones(384, 384, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    p = s.softmax(-1)
+    ds = p * (dod @ vd.transpose(-1, -2) - (dod * (p @ vd)).sum(-1, keepdim=True))
+    magnitude = scale * ds.abs() @ kd.abs()
+    assert_within(dq, dq_ref, 2 * sum_bound(12, torch.float32, magnitude), "dQ, direct vs Triton's dispatch")
