@@ -194,6 +194,7 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.lb_cudnn_fwd_max_ms": (lambda: per_run("fwd").cudnn.max(), ".3f"),
     "flash.gpu_tests": (lambda: gpu_test_summary()[0], "s"),
     "flash.gpu_tests_header": (lambda: gpu_test_summary()[1], "s"),
+    "flash.gpu_tests_git": (lambda: re.search(r"git ([0-9a-f]{7,40})", gpu_test_summary()[1]).group(1), "s"),
     "flash.gpu_tests_gluon": (lambda: gpu_test_summary("nvidia-h200-gluon-kernels.log")[0], "s"),
 }
 

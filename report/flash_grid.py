@@ -9,6 +9,8 @@ The plan table reads `fast/tuned_configs.py` through the lookup rule the autogra
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
@@ -23,7 +25,7 @@ from cs336_systems.attention.fast.table import (
 from cs336_systems.attention.fast.tuned_configs import TUNED
 from report.flash import MODE_WORDS, register
 from report.flash_ab import HOST_BENCH
-from report.results import format_value, load_results, markdown_table, provenance_line
+from report.results import REPO_ROOT, format_value, load_results, markdown_table, provenance_line
 
 GRID_BENCH = "attention/flash_grid"
 SOURCE = f"results/{GRID_BENCH}/nvidia-h200.jsonl"
@@ -38,7 +40,7 @@ def grid_rows(status: str | None = "ok") -> pd.DataFrame:
     """The sweep's rows with the cell's columns in words: mask ("causal"/"full"), "batch x heads".
     A cell measured again (`--remeasure`, after a new table) counts by its newest row."""
     df = load_results(GRID_BENCH)
-    df = df.drop_duplicates(list(GRID_KEY), keep="last")
+    df = df.sort_values("time_utc", kind="stable").drop_duplicates(list(GRID_KEY), keep="last")
     if status is not None:
         df = df[df["status"] == status]
     return df.assign(mask=df.causal.map({True: "causal", False: "full"}),
@@ -68,17 +70,27 @@ def run_gits() -> list[str]:
 def run_speeds(git: str, mode: str = "fwd_bwd", what: str = "speed_vs_cudnn") -> pd.Series:
     """Ours' speed vs cuDNN (or `what`: median_ms) per cell in the rows of one run's code."""
     df = load_results(GRID_BENCH, status="ok")
-    df = df[(df.git == git) & (df.impl == "ours") & (df["mode"] == mode)].drop_duplicates(list(GRID_KEY), keep="last")
+    df = df[(df.git == git) & (df.impl == "ours") & (df["mode"] == mode)].sort_values("time_utc", kind="stable")
+    df = df.drop_duplicates(list(GRID_KEY), keep="last")
     df = df.assign(mask=df.causal.map({True: "causal", False: "full"}),
                    **{"batch x heads": [f"{b} x {h}" for b, h in zip(df.batch, df.heads)]})
     return df.set_index(CELL)[what].astype(float).sort_index()
 
 
-def short_cells_across_runs(below_ms: float = 1.5) -> pd.DataFrame:
+SHORT_MS = 1.5  # a cell under this in every run is one the host's time sets (the page's "short" cells)
+
+
+def short_cells_across_runs(below_ms: float = SHORT_MS) -> pd.DataFrame:
     """Ours' forward+backward ms per run (columns: git, oldest first) in the cells that took under
     `below_ms` in every run that measured them: the cells the host's time sets."""
     ms = pd.DataFrame({git: run_speeds(git, what="median_ms") for git in run_gits()})
     return ms[(ms.max(axis=1) < below_ms) & (ms.notna().sum(axis=1) >= 2)]
+
+
+def tuned_table_runs() -> list[str]:
+    """The runs with the grid's keys tuned: every run but the first (whose non-causal cells ran
+    heuristic tiles), so that a cell's plan is the same in each."""
+    return run_gits()[1:]
 
 
 def host_runs(piece: str, seq: int = 1024) -> pd.Series:
@@ -280,7 +292,13 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.grid_short_cells": (lambda: len(short_cells_across_runs()), "d"),
     "flash.grid_short_min_ms": (lambda: short_cells_across_runs().min().min(), ".2f"),
     "flash.grid_short_max_ms": (lambda: short_cells_across_runs().max().max(), ".2f"),
+    "flash.grid_short_below_ms": (lambda: SHORT_MS, ".1f"),
     "flash.grid_short_spread": (lambda: short_spread().max(), ".1f"),
+    "flash.grid_sweeps": (lambda: grid_sweeps(), "d"),
+    "flash.grid_host_runs": (lambda: len(host_runs(EAGER_STEP)), "d"),
+    "flash.grid_profile_total_s": (lambda: profile_seconds()["total"], ".3f"),
+    "flash.grid_profile_engine_s": (lambda: profile_seconds()["engine_own"], ".3f"),
+    "flash.grid_profile_dispatch_s": (lambda: profile_seconds()["dispatch_cum"], ".3f"),
     "flash.grid_short_spread_cell": (lambda: cell_words(short_spread().idxmax()), ""),
     "flash.grid_host_step_min_us": (lambda: host_runs(EAGER_STEP).min(), ".0f"),
     "flash.grid_host_step_max_us": (lambda: host_runs(EAGER_STEP).max(), ".0f"),
@@ -291,14 +309,35 @@ FACTS = {  # name -> (function of nothing, format)
 }
 
 STEP_KEY = "bf16-d128-causal-huge"  # the table key the step's cell runs (plans_table)
+PROFILE = REPO_ROOT / "results" / "attention" / "host_overhead" / "profile-eager-step-b21f8afc27ee.txt"
+CUT_TEST_LOG = REPO_ROOT / "results" / "attention" / "flash_gpu_tests" / "nvidia-h200-07cdfe8b4e59-cut.log"
 EAGER_STEP = "ours: forward+backward step (Fn.apply, eager)"
 CUDNN_STEP = "cudnn: forward+backward step"
 
 
 def short_spread() -> pd.Series:
-    """Per host-bound cell: its slowest run's time over its fastest's."""
-    ms = short_cells_across_runs()
+    """Per host-bound cell: its slowest run's time over its fastest's, among the runs with the same
+    table (`tuned_table_runs`), so that only the run, not the plan, differs."""
+    ms = short_cells_across_runs()[tuned_table_runs()].dropna()
     return ms.max(axis=1) / ms.min(axis=1)
+
+
+def grid_sweeps() -> int:
+    """How many sweeps (separate invocations, one per GPU call) measured the newest code's cells:
+    rows more than 5 minutes apart start a new sweep."""
+    t = pd.to_datetime(grid_rows().time_utc).sort_values()
+    return int((t.diff() > pd.Timedelta(minutes=5)).sum()) + 1
+
+
+def profile_seconds() -> dict[str, float]:
+    """From the committed cProfile of 50 eager steps: the engine's own time, and Triton's dispatch
+    (JITFunction.run) with everything it calls, in seconds; and the profile's total."""
+    text = PROFILE.read_text()
+    total = float(re.search(r"in ([0-9.]+) seconds", text).group(1))
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit() and "function calls" not in line]
+    engine = next(float(r[1]) for r in rows if "run_backward" in " ".join(r))
+    dispatch = next(float(r[3]) for r in rows if "jit.py" in " ".join(r) and "(run)" in " ".join(r))
+    return {"engine_own": engine, "dispatch_cum": dispatch, "total": total}
 
 
 def gluon_launch_us(kind: str, way: str) -> float:

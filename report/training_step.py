@@ -161,6 +161,7 @@ FACTS = {
     "training_step.flops": (lambda: f"{flops() / 1e15:.2f} x 10^15", ""),
     "training_step.ideal_s": (lambda: seconds_at(1.0), ".2f"),
     "training_step.goal_mfu": (lambda: mfu_at(GOAL_S), ".0%"),
+    "training_step.goal_s": (lambda: GOAL_S, ".1f"),
     "training_step.stretch_mfu": (lambda: mfu_at(STRETCH_S), ".0%"),
     "training_step.plain_gib": (lambda: budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).lower_bound / GIB, ".0f"),
     "training_step.plain_probs_gib": (

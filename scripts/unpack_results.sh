@@ -30,6 +30,7 @@ EOF
 # it (the snapshot's rows plus the run's), and a later call from the same snapshot holds the same
 # older rows without an earlier call's, so extracting over the file would drop that call's rows.
 # Lines the file lacks are added, in the archive's order; other files are written as they are.
+# (So a row deleted here after the snapshot was taken comes back with the archive: delete it again.)
 python3 - "$archive" "$root" <<'EOF'
 import sys
 import tarfile

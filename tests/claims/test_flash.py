@@ -333,4 +333,7 @@ def test_size_classes_and_the_untuned_warning_are_as_the_tuning_section_says():
     assert [table.size_class(1, n, n) for n in (4096, 4097, 32768, 32769, 2**19, 2**19 + 1)] == [
         "small", "medium", "medium", "large", "large", "huge"]
     assert table.SIZE_FALLBACK["small"][:2] == ("small", "medium")
+    from cs336_systems.attention.fast.tuned_configs import TUNED
+
+    assert not any(key.endswith("-small") for kind in TUNED.values() for key in kind)  # none measured: all borrow
     assert issubclass(table.UntunedShapeWarning, UserWarning)

@@ -7,8 +7,10 @@ rewrite the sentence (and the test); never make the page choose its own wording.
 
 from __future__ import annotations
 
+import re
 import types
 
+import pandas as pd
 import pytest
 import torch
 
@@ -33,9 +35,9 @@ def test_every_cell_states_ours_against_cudnn_in_both_modes():
 
 
 def test_the_goal_is_not_met_and_the_gluon_cells_meet_it():
-    # Answer: "In one run of all ... cells, forward+backward meets it in ... and the forward in ...,
-    # all with d = 64 and sequences from 8,192, where the tuned Gluon kernels run; every d = 64 cell
-    # from 8,192 is at ...x cuDNN's speed or better" (within 2% of cuDNN at worst).
+    # Answer: "Measured with one version of the code, forward+backward meets it in ... of the ...
+    # cells and the forward in ..., all with d = 64 and sequences from 8,192, where the tuned Gluon
+    # kernels run; every d = 64 cell from 8,192 is within 2% of cuDNN's speed or faster."
     for mode in ("fwd", "fwd_bwd"):
         met = flash_grid.met(mode)
         assert 0 < len(met) < len(speeds("ours", mode))
@@ -44,11 +46,18 @@ def test_the_goal_is_not_met_and_the_gluon_cells_meet_it():
     assert long_range("fwd_bwd", d=64).min() > 0.98
 
 
-def test_the_grid_is_one_run():
-    # "All cells above are one code version (git ...) on one GPU on one day."
+def test_the_grid_is_one_code_version_in_two_sweeps():
+    # "All cells above are one code version (git ...), measured on an H200 on one day, in ... sweeps
+    # (the second measured the cells the first had no time left for)."
     df = flash_grid.grid_rows()
     assert set(df.git) == {flash_grid.newest_git()} and df.time_utc.str[:10].nunique() == 1
-    assert df.device.nunique() == 1 and len(flash_grid.earlier_cells()) == 0
+    assert set(df.device) == {"NVIDIA H200"} and len(flash_grid.earlier_cells()) == 0
+    assert flash_grid.grid_sweeps() == 2
+    t = pd.to_datetime(df.time_utc)
+    gap = t.sort_values().diff().idxmax()  # the first row of the second sweep
+    second = t >= t[gap]
+    cells = lambda rows: set(map(tuple, rows[flash_grid.CELL].to_numpy().tolist()))  # noqa: E731
+    assert cells(df[second]).isdisjoint(cells(df[~second]))
 
 
 def test_every_long_d128_cell_is_behind_the_step_cell_too_and_short_sequences_are_furthest():
@@ -126,15 +135,17 @@ def test_the_step_cells_backward_is_further_behind_and_two_pass():
 
 
 def test_short_cells_are_set_by_the_host():
-    # "In the ... cells that took under 1.5 ms in every run, ours' forward+backward took ... to ... ms
-    # whatever the shape, and the same cell moved by up to ...x between runs (...): the time is the
-    # host's, not the GPU's." Whatever the shape: 16 times the work (seq 1,024 -> 4,096, d = 64,
-    # causal, 1 x 16) took less than twice the time in every run; and the spread is run to run.
+    # "In the ... cells that took under ... ms in every run that measured them, ours' forward+backward
+    # took ... to ... ms whatever the shape, and with the same table the same cell moved by up to ...x
+    # from one run to the next (...): the time is the host's, not the GPU's." Whatever the shape: 16
+    # times the work (seq 1,024 -> 4,096, d = 64, causal, 1 x 16) took less than twice the time in
+    # every run; the spread is between runs with the same table (the plan did not change).
     ms = flash_grid.short_cells_across_runs()
     assert len(ms) >= 12 and ms.max().max() < 3 * ms.min().min()
     small, big = ms.loc[(64, "causal", "1 x 16", 1024)], ms.loc[(64, "causal", "1 x 16", 4096)]
     assert (big < 2 * small).all()
-    assert flash_grid.short_spread().max() > 1.5
+    assert flash_grid.short_spread().max() > 1.3
+    assert flash_grid.run_gits()[0] not in flash_grid.tuned_table_runs()
 
 
 def test_the_host_step_and_what_did_not_move_it():
@@ -142,7 +153,9 @@ def test_the_host_step_and_what_did_not_move_it():
     # cuDNN's ... to ... µs. Skipping torch.compiler.disable when not compiling did not move it beyond
     # that spread."
     ours, cudnn = flash_grid.host_runs(flash_grid.EAGER_STEP), flash_grid.host_runs(flash_grid.CUDNN_STEP)
-    assert len(ours) == 4 and ours.min() > cudnn.max()
+    assert ours.min() > cudnn.max()
+    # "That is more than some whole cells above take"
+    assert ours.min() / 1000 > flash_grid.times("ours", "fwd_bwd").min()
     df = load_results("attention/host_overhead", status="ok")
     git = df.drop_duplicates("run").set_index("run").git
     before, after = ours[git[ours.index] != flash_grid.newest_git()], ours[git[ours.index] == flash_grid.newest_git()]
@@ -157,21 +170,28 @@ def test_the_host_step_and_what_did_not_move_it():
         assert not entry.get("gluon_ws") and not entry.get("one_pass")
     assert flash_grid.gluon_launch_us("bwd", "direct") < 0.85 * flash_grid.gluon_launch_us("bwd", "dispatch")
     assert flash_grid.gluon_launch_us("fwd", "direct") >= 0.95 * flash_grid.gluon_launch_us("fwd", "dispatch")
+    assert len(flash_grid.host_runs("ours: Gluon forward launch, direct")) == 1  # "(one run each)"
 
 
-def test_the_profile_puts_autograds_engine_first():
-    # "The step's cProfile (...) shows where the rest goes: autograd's backward engine is the largest
-    # single item, ahead of every launch"
-    from pathlib import Path
-
-    text = (Path(__file__).parents[2] / "results" / "attention" / "host_overhead"
-            / "profile-eager-step-b21f8afc27ee.txt").read_text().splitlines()
-    # pstats rows: ncalls tottime percall cumtime percall filename:lineno(function)
+def test_the_profile_puts_autograds_engine_first_by_own_time():
+    # "Of its ... s, Triton's dispatch of the launches takes ... s with everything it calls, and
+    # autograd's backward engine ... s of its own time, the largest single item."
+    text = flash_grid.PROFILE.read_text().splitlines()
+    # pstats rows: ncalls tottime percall cumtime percall filename:lineno(function), by tottime
     rows = [line.split() for line in text if line.strip()[:1].isdigit() and "function calls" not in line]
-    assert "run_backward" in " ".join(rows[0])  # sorted by own time: the engine's is the largest
-    own = {" ".join(r[5:]): float(r[1]) for r in rows}
-    launch = [t for name, t in own.items() if "jit.py" in name and "(run)" in name]
-    assert launch and float(rows[0][1]) > max(launch)
+    assert "run_backward" in " ".join(rows[0]) and all(float(rows[0][1]) >= float(r[1]) for r in rows)
+    s = flash_grid.profile_seconds()
+    assert s["engine_own"] == float(rows[0][1]) and s["dispatch_cum"] < s["total"]
+
+
+def test_the_cut_gpu_test_run_had_one_failure_and_is_this_code():
+    # "The attention GPU tests at git ... were cut by the call's time limit, with one test failed
+    # whose name the cut lost"
+    text = flash_grid.CUT_TEST_LOG.read_text()
+    progress = [line for line in text.splitlines() if line.rstrip().endswith("%]") or set(line.strip()) <= set(".sF")]
+    assert "".join(progress).count("F") == 1
+    assert not re.search(r"\d+ (passed|failed)", text)  # no summary: the run was cut
+    assert f"git {flash_grid.newest_git()}" in text.splitlines()[0]
 
 
 @pytest.mark.parametrize("which", ["fwd", "bwd"])

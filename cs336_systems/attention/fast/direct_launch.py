@@ -28,7 +28,7 @@ def _spec(arg):
     if isinstance(arg, torch.Tensor):  # aligned pointers get vectorised loads
         return arg.dtype, arg.data_ptr() % 16 == 0
     if arg is None or isinstance(arg, (bool, int, float)):
-        return arg
+        return type(arg), arg  # the type too: True == 1 in a dict key, but Triton types them apart
     base = arg.base  # a tensor descriptor (Triton's or Gluon's)
     return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
             getattr(arg, "layout", None), getattr(arg, "padding", None))
