@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import subprocess
+import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,52 +146,45 @@ def test_bad_argument_exits_2_with_one_line_naming_the_flag(bench, argv, flag, t
     assert not results.exists() or not any(p.is_file() for p in results.rglob("*"))
 
 
-def test_unpack_results_refuses_an_archive_reaching_outside_results(tmp_path):
-    """scripts/unpack_results.sh extracts into the repository: only plain files under results/."""
-    import tarfile
-    from pathlib import Path
+UNPACK = Path(__file__).resolve().parents[1] / "scripts" / "unpack_results.sh"
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "unpack_results.sh"
+
+def _empty_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (tmp_path / "x.jsonl").write_text("{}\n")
+    return repo
 
-    def archive(name: str, *members: str) -> Path:
-        path = tmp_path / name
-        with tarfile.open(path, "w:gz") as tar:
-            for member in members:
-                tar.add(tmp_path / "x.jsonl", arcname=member)
-        return path
 
-    for bad in (archive("code.tgz", "results/a/x.jsonl", "cs336_systems/__init__.py"),
-                archive("dots.tgz", "results/../pyproject.toml")):
-        out = subprocess.run(["bash", str(script), str(bad)], cwd=repo, capture_output=True, text=True)
+def _archive(tmp_path: Path, name: str, text: str, *members: str) -> Path:
+    """A .tgz holding `text` under each member name (what on_device.sh packs)."""
+    (tmp_path / "x.jsonl").write_text(text)
+    with tarfile.open(tmp_path / name, "w:gz") as tar:
+        for member in members:
+            tar.add(tmp_path / "x.jsonl", arcname=member)
+    return tmp_path / name
+
+
+def test_unpack_results_refuses_an_archive_reaching_outside_results(tmp_path):
+    """scripts/unpack_results.sh extracts into the repository: only plain files under results/."""
+    repo = _empty_repo(tmp_path)
+    for bad in (_archive(tmp_path, "code.tgz", "{}\n", "results/a/x.jsonl", "cs336_systems/__init__.py"),
+                _archive(tmp_path, "dots.tgz", "{}\n", "results/../pyproject.toml")):
+        out = subprocess.run(["bash", str(UNPACK), str(bad)], cwd=repo, capture_output=True, text=True)
         assert out.returncode == 1 and "not under results/" in out.stderr
         assert [p.name for p in repo.iterdir()] == [".git"]  # nothing extracted, not even the good file
-    good = archive("good.tgz", "results/a/x.jsonl")
-    assert subprocess.run(["bash", str(script), str(good)], cwd=repo, capture_output=True).returncode == 0
+    good = _archive(tmp_path, "good.tgz", "{}\n", "results/a/x.jsonl")
+    assert subprocess.run(["bash", str(UNPACK), str(good)], cwd=repo, capture_output=True).returncode == 0
     assert (repo / "results" / "a" / "x.jsonl").read_text() == "{}\n"
 
 
 def test_unpack_results_appends_rows_instead_of_dropping_an_earlier_calls(tmp_path):
     """Two calls from one snapshot each bring the snapshot's rows plus their own: unpacking the
     second after the first must keep the first call's rows (a store is appended to, not replaced)."""
-    import tarfile
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "unpack_results.sh"
-    repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    repo = _empty_repo(tmp_path)
     store = repo / "results" / "b" / "x.jsonl"
     store.parent.mkdir(parents=True)
     store.write_text('{"row": 0}\n')  # the snapshot's rows
-
-    def unpack(name: str, text: str) -> None:
-        (tmp_path / "x.jsonl").write_text(text)
-        with tarfile.open(tmp_path / name, "w:gz") as tar:
-            tar.add(tmp_path / "x.jsonl", arcname="results/b/x.jsonl")
-        subprocess.run(["bash", str(script), str(tmp_path / name)], cwd=repo, check=True, capture_output=True)
-
-    unpack("call1.tgz", '{"row": 0}\n{"row": 1}\n')
-    unpack("call2.tgz", '{"row": 0}\n{"row": 2}\n')
+    for name, rows in (("call1.tgz", '{"row": 0}\n{"row": 1}\n'), ("call2.tgz", '{"row": 0}\n{"row": 2}\n')):
+        archive = _archive(tmp_path, name, rows, "results/b/x.jsonl")
+        subprocess.run(["bash", str(UNPACK), str(archive)], cwd=repo, check=True, capture_output=True)
     assert store.read_text() == '{"row": 0}\n{"row": 1}\n{"row": 2}\n'
