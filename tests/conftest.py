@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import subprocess
 
+import pytest
 import torch
 
 # -- Triton interpreter on CPU-only machines ----------------------------------------------------
@@ -38,3 +41,14 @@ def pytest_collection_modifyitems(config, items):
             continue
         for marker in chapters_of(rel):
             item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture
+def no_new_processes(monkeypatch):
+    """Starting a process (ranks, a child sweep) fails the test instead of happening: a bad argument
+    must be refused before any process starts."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started before the arguments were checked")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)

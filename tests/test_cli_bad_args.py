@@ -4,7 +4,6 @@ names the flag, no process started, no results file written. In-process through 
 from __future__ import annotations
 
 import importlib
-import multiprocessing
 import subprocess
 import tarfile
 from pathlib import Path
@@ -117,14 +116,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def no_new_processes(monkeypatch):
-    """Starting a process (ranks, a child sweep) fails the test instead of happening."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a process was started before the arguments were checked")
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
-    monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
 def test_every_registered_benchmark_has_bad_argument_cases():

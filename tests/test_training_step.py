@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import copy
 import json
-import multiprocessing
-import subprocess
 
 import pytest
 import torch
@@ -381,13 +379,6 @@ def test_bench_a_failing_variant_writes_its_row_and_the_others_still_run(tmp_pat
 
 # -- refusals: one line, before any process starts or any file is written --------------------------
 
-@pytest.fixture
-def no_new_processes(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a process was started before the arguments were checked")
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
-    monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
 def _refused(argv, tmp_path, capsys) -> str:
