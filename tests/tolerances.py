@@ -33,6 +33,12 @@ tests' seeded data do not put one there, and a failure would name the element.) 
 the bound is under 1% of the largest gradient element: loose against rounding (the worst case adds
 every error with the same sign), tight against any bug (a gradient not averaged is off by 50%).
 
+Underflow. The relative model holds for results in the normal range. A result below the smallest
+normal number (float16: 2^-14 ~ 6.1e-5) is stored as a subnormal, on a fixed grid of spacing
+2^-24 for float16, so its rounding error is absolute: fl(x) = x (1 + delta) + eta, |eta| <= half
+that spacing (Higham, section 2.1). A product of two N(0, 1) values falls there about twice in
+1,000; bfloat16 and float32 share float32's exponent range, where it takes values below 1e-38.
+
 Where a test compares two computations that perform the *same* operations on the *same* values,
 the bound is 0: IEEE arithmetic is deterministic, each operation is correctly rounded, and a + b ==
 b + a exactly; multiplying or dividing by a power of two is exact (barring under/overflow).
@@ -49,6 +55,13 @@ from torch import nn
 def unit_roundoff(dtype: torch.dtype) -> float:
     """u: half the gap between 1 and the next representable number (2^-24 for float32)."""
     return torch.finfo(dtype).eps / 2
+
+
+def underflow_error(dtype: torch.dtype) -> float:
+    """eta: the largest absolute error of rounding a result into `dtype`'s subnormal range, half the
+    smallest subnormal (2^-25 for float16, ~4.6e-41 for bfloat16 and float32)."""
+    info = torch.finfo(dtype)
+    return info.tiny * info.eps / 2
 
 
 def gamma(n: int, dtype: torch.dtype) -> float:
