@@ -72,14 +72,14 @@ def test_bad_inputs():
 
 def test_float16_stores_need_the_underflow_term():
     """The dx store on the CPU, as the kernel does it (fp32 product of float16 values, one rounding to
-    float16): thousands of products land among the subnormals, past the relative bound alone (the
+    float16): dozens of products land among the subnormals, past the relative bound alone (the
     GPU test failed on exactly this), and none past it with eta added."""
     g = torch.Generator().manual_seed(0)
     dy, w = torch.randn(4000, 1, generator=g).half(), torch.randn(300, generator=g).half()
     exact = dy.double() * w.double()
     err = ((dy.float() * w.float()).half().double() - exact).abs()
     relative = (unit_roundoff(torch.float32) + unit_roundoff(torch.float16)) * exact.abs()
-    assert (err > relative).sum() > 100
+    assert (err > relative).sum() > 10
     assert (err <= relative + underflow_error(torch.float16)).all()
 
 
