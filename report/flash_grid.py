@@ -23,6 +23,7 @@ from cs336_systems.attention.fast.table import (
     table_key,
 )
 from cs336_systems.attention.fast.tuned_configs import TUNED
+from report import gpu_tests
 from report.flash import MODE_WORDS, register
 from report.flash_ab import HOST_BENCH
 from report.results import REPO_ROOT, format_value, load_results, markdown_table, provenance_line
@@ -277,6 +278,11 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.grid_step_cudnn_bwd_ms": (lambda: step_backward_ms("cudnn"), ".1f"),
     "flash.grid_d128_tuned_at": (lambda: tuned_at(table_key(torch.bfloat16, 128, True, "large")), ""),
     "flash.grid_new_git": (newest_git, ""),
+    "flash.gpu_now_git": (lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]), ""),
+    "flash.gpu_now_fix_git": (lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]), ""),
+    **{f"flash.gpu_now_{k.lower()}": (lambda k=k: gpu_tests.counts()[k], "d")
+       for k in ("PASSED", "SKIPPED", "total")},
+    "flash.gpu_now_unfinished": (lambda: gpu_tests.test_name(unfinished_gpu_test()), ""),
     "flash.grid_long_d64_full_min": (lambda: long_range("fwd_bwd", d=64, mask="full").min(), ".2f"),
     "flash.grid_long_d64_full_max": (lambda: long_range("fwd_bwd", d=64, mask="full").max(), ".2f"),
     "flash.grid_long_d128_min": (lambda: long_range("fwd_bwd", d=128).min(), ".2f"),
@@ -310,9 +316,15 @@ FACTS = {  # name -> (function of nothing, format)
 
 STEP_KEY = "bf16-d128-causal-huge"  # the table key the step's cell runs (plans_table)
 PROFILE = REPO_ROOT / "results" / "attention" / "host_overhead" / "profile-eager-step-b21f8afc27ee.txt"
-CUT_TEST_LOG = REPO_ROOT / "results" / "attention" / "flash_gpu_tests" / "nvidia-h200-07cdfe8b4e59-cut.log"
 EAGER_STEP = "ours: forward+backward step (Fn.apply, eager)"
 CUDNN_STEP = "cudnn: forward+backward step"
+
+
+def unfinished_gpu_test() -> str:
+    """The one attention GPU test no run of the newest code finished (the page names it)."""
+    o = gpu_tests.outcomes()
+    (test,) = o.test[o.outcome == "UNFINISHED"]
+    return test
 
 
 def short_spread() -> pd.Series:

@@ -1,0 +1,56 @@
+"""The attention GPU tests as the committed pytest logs record them (results/attention/flash_gpu_tests).
+
+A `-v` log under pytest-xdist names each test twice: when a worker starts it (the bare node id) and
+when it ends ("[gw3] [ 56%] PASSED <node id>"). Reading the logs in order and keeping each test's
+last word gives the state of the suite across several GPU calls, including the tests a time limit cut
+while they ran (started, never ended).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from report.results import REPO_ROOT
+
+LOG_DIR = REPO_ROOT / "results" / "attention" / "flash_gpu_tests"
+# The runs of the newest code, oldest first: call 12 ran the whole set, call 13 the fixed test file
+# and the two tests call 12's limit cut (the code under test unchanged between them; tests only).
+NEWEST_RUNS = ("nvidia-h200-9e4798b14d17.log", "nvidia-h200-b4a673b6f1b0.log")
+# The files those runs covered: the attention tests with GPU cases.
+TEST_FILES = ("tests/test_flash_attention.py", "tests/test_model_attention_impls.py", "tests/test_weighted_sum.py",
+              "tests/test_fwd_ws.py", "tests/test_onepass_ws.py", "tests/test_direct_launch.py",
+              "tests/test_flash_precision.py")
+_ENDED = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/\S+)")
+_STARTED = re.compile(r"^(tests/\S+::\S+)\s*$")
+
+
+def log_git(log: str) -> str:
+    """The commit a log's run tested (its header names it)."""
+    return re.search(r"git ([0-9a-f]{12})", (LOG_DIR / log).read_text()).group(1)
+
+
+def outcomes(logs: tuple[str, ...] = NEWEST_RUNS) -> pd.DataFrame:
+    """One row per test id: its outcome in the last log that ran it ("UNFINISHED": started, cut
+    before it ended) and that log."""
+    last: dict[str, tuple[str, str]] = {}
+    for log in logs:
+        for line in (LOG_DIR / log).read_text().splitlines():
+            if m := _ENDED.match(line):
+                last[m.group(2)] = (m.group(1), log)
+            elif m := _STARTED.match(line):  # started (again, in a later run): unfinished until it ends
+                last[m.group(1)] = ("UNFINISHED", log)
+    return pd.DataFrame([(t, o, g) for t, (o, g) in last.items()], columns=["test", "outcome", "log"])
+
+
+def counts(logs: tuple[str, ...] = NEWEST_RUNS) -> dict[str, int]:
+    """How many tests end in each outcome (zeros included), and the total."""
+    c = outcomes(logs).outcome.value_counts()
+    out = {k: int(c.get(k, 0)) for k in ("PASSED", "SKIPPED", "FAILED", "ERROR", "UNFINISHED")}
+    return {**out, "total": sum(out.values())}
+
+
+def test_name(node_id: str) -> str:
+    """A node id as the page writes it: the function and its parameters, without the file."""
+    return node_id.split("::", 1)[1]

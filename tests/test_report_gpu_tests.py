@@ -1,0 +1,36 @@
+"""report/gpu_tests.py on made-up `-v` xdist logs: the last word per test across runs."""
+
+from __future__ import annotations
+
+from report import gpu_tests
+
+FIRST = """# header, git 0123456789ab
+tests/t.py::a[1]
+tests/t.py::b
+[gw0] [ 33%] PASSED tests/t.py::a[1]
+tests/t.py::c
+[gw1] [ 66%] FAILED tests/t.py::b
+tests/t.py::d
+[gw0] [100%] SKIPPED tests/t.py::d
+"""
+SECOND = """# header, git ba9876543210
+tests/t.py::b
+[gw0] [ 50%] PASSED tests/t.py::b
+tests/t.py::c
+"""
+
+
+def test_last_outcome_per_test_and_cut_tests_unfinished(tmp_path, monkeypatch):
+    (tmp_path / "1.log").write_text(FIRST)
+    (tmp_path / "2.log").write_text(SECOND)
+    monkeypatch.setattr(gpu_tests, "LOG_DIR", tmp_path)
+    first = gpu_tests.outcomes(("1.log",)).set_index("test").outcome.to_dict()
+    assert first == {"tests/t.py::a[1]": "PASSED", "tests/t.py::b": "FAILED", "tests/t.py::c": "UNFINISHED",
+                     "tests/t.py::d": "SKIPPED"}
+    both = gpu_tests.outcomes(("1.log", "2.log")).set_index("test")
+    assert both.outcome["tests/t.py::b"] == "PASSED" and both.log["tests/t.py::b"] == "2.log"
+    assert both.outcome["tests/t.py::c"] == "UNFINISHED" and both.log["tests/t.py::c"] == "2.log"
+    assert gpu_tests.counts(("1.log", "2.log")) == {"PASSED": 2, "SKIPPED": 1, "FAILED": 0, "ERROR": 0,
+                                                    "UNFINISHED": 1, "total": 4}
+    assert gpu_tests.log_git("2.log") == "ba9876543210"
+    assert gpu_tests.test_name("tests/t.py::a[1]") == "a[1]"
