@@ -2,7 +2,8 @@
 the package's formulas (cs336_systems/training_step/arithmetic.py, memory_budget.py), and the two
 fused pieces measured on one H200: the LM head + cross-entropy (`just bench fused-ce`,
 results/training_step/fused_ce) and the AdamW step (`just bench fused-adamw`,
-results/training_step/fused_adamw). No whole-step rows yet: `just bench training-step` needs two GPUs."""
+results/training_step/fused_adamw); and one GPU's share of the whole step (`just bench training-step
+--batch 1 --world-size 1`, results/training-step). The two-GPU step has no rows yet."""
 
 from __future__ import annotations
 
@@ -142,6 +143,56 @@ def adamw_table() -> str:
               "takes to return.*")
 
 
+# -- the whole step on one GPU (`just bench training-step --batch 1 --world-size 1`) ---------------
+
+ONE_GPU = {"size": "8B", "batch": 1, "context": CONTEXT, "world_size": 1}  # one GPU's share: one sequence
+STEP_BENCH = "training-step"
+VARIANT_WORDS = {"stock": "stock PyTorch (SDPA, checkpointed loss chunks, torch fused AdamW)",
+                 "ours": "ours (FlashAttention, fused loss, FusedAdamW)"}
+
+
+def one_gpu_rows() -> pd.DataFrame:
+    """The newest ok row per variant of the 8B step on one GPU at one sequence, unsharded, every
+    block checkpointed: step_ms (do_bench's median), mfu, peak_allocated_gib, n_timed, ..."""
+    df = load_results(STEP_BENCH, status="ok")
+    for column, value in ONE_GPU.items():
+        df = df[df[column] == value]
+    df = df[df["flags"].map(lambda f: f["shard"] == "none" and f["keep_blocks"] == 0)]
+    df = df.sort_values("time_utc").drop_duplicates("variant", keep="last").set_index("variant")
+    missing = set(VARIANT_WORDS) - set(df.index)
+    if missing:
+        raise KeyError(f"{_source(STEP_BENCH)} has no ok row at {ONE_GPU} for {sorted(missing)}")
+    return df.loc[list(VARIANT_WORDS)]
+
+
+def one_gpu_table() -> str:
+    df = one_gpu_rows()
+    table = pd.DataFrame({"variant": [VARIANT_WORDS[v] for v in df.index],
+                          "step (ms)": df.step_ms.to_numpy(),
+                          "MFU (of 989 TFLOP/s)": df.mfu.to_numpy(),
+                          "peak memory (GiB)": df.peak_allocated_gib.to_numpy(),
+                          "steps timed": df.n_timed.to_numpy()})
+    return (markdown_table(table, formats={"step (ms)": ",.0f", "MFU (of 989 TFLOP/s)": ".1%",
+                                           "peak memory (GiB)": ".1f", "steps timed": "d"})
+            + "\n\n" + provenance_line(df.reset_index(), _source(STEP_BENCH))
+            + f" *The 8B model unsharded on one H200, one sequence of {CONTEXT:,} tokens, bf16, every block "
+              "checkpointed and compiled; `do_bench`'s median over its 100 ms window, which a step of six "
+              "seconds fills once.*")
+
+
+def _one(variant: str, column: str) -> float:
+    return float(one_gpu_rows().loc[variant, column])
+
+
+def attention_extra_ms() -> float:
+    """What our attention costs a step more than cuDNN's, from the grid's step cell (1 x 32 x 32,768,
+    d 128, causal): per layer one forward, then (checkpointed) the forward again and the backward."""
+    from report.flash_grid import step  # the grid's rows; imported here, only this fact needs them
+
+    per_layer = {impl: step(impl, "fwd") + step(impl, "fwd_bwd") for impl in ("ours", "cudnn")}
+    return CFG.num_layers * (per_layer["ours"] - per_layer["cudnn"])
+
+
 def _ce(impl: str, column: str) -> float:
     return float(ce_rows().loc[impl, column])
 
@@ -157,6 +208,15 @@ def _adamw(impl: str, column: str) -> float:
 
 
 FACTS = {
+    "training_step.one_stock_ms": (lambda: _one("stock", "step_ms"), ",.0f"),
+    "training_step.one_ours_ms": (lambda: _one("ours", "step_ms"), ",.0f"),
+    "training_step.one_gap_ms": (lambda: _one("ours", "step_ms") - _one("stock", "step_ms"), ".0f"),
+    "training_step.one_stock_mfu": (lambda: _one("stock", "mfu"), ".1%"),
+    "training_step.one_ours_mfu": (lambda: _one("ours", "mfu"), ".1%"),
+    "training_step.one_peak_gib": (lambda: one_gpu_rows().peak_allocated_gib.max(), ".1f"),
+    "training_step.one_attention_extra_ms": (attention_extra_ms, ".0f"),
+    "training_step.one_layers": (lambda: CFG.num_layers, "d"),
+    "training_step.one_goal_speedup": (lambda: _one("stock", "step_ms") / 1e3 / GOAL_S, ".2f"),
     "training_step.params_b": (lambda: arithmetic.params(CFG) / 1e9, ".2f"),
     "training_step.flops": (lambda: f"{flops() / 1e15:.2f} x 10^15", ""),
     "training_step.ideal_s": (lambda: seconds_at(1.0), ".2f"),
