@@ -21,7 +21,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "attention": ("Attention and torch.compile", ("test_model_attention_impls.py", "claims/test_attention.py")),
     "flash": ("FlashAttention-2 in Triton", ("test_flash_*.py", "test_online_softmax.py", "test_weighted_sum.py",
                                              "test_kernel_inputs.py", "test_fwd_ws.py", "test_onepass_ws.py", "test_direct_launch.py",
-                                             "test_ab_*.py", "test_reduce_probe.py", "test_report_flash*.py",
+                                             "test_ab_*.py", "test_reduce_probe.py", "test_report_flash*.py", "test_report_gpu_tests.py",
                                              "test_without_triton.py", "claims/test_flash.py",
                                              "claims/test_flash_grid.py")),
     "collectives": ("Collectives", ("test_launch.py", "test_distributed_benches.py", "claims/test_collectives.py")),
