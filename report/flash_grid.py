@@ -282,7 +282,7 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.gpu_now_fix_git": (lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]), ""),
     **{f"flash.gpu_now_{k.lower()}": (lambda k=k: gpu_tests.counts()[k], "d")
        for k in ("PASSED", "SKIPPED", "total")},
-    "flash.gpu_now_unfinished": (lambda: gpu_tests.test_name(unfinished_gpu_test()), ""),
+    "flash.gpu_now_unfinished": (lambda: f"`{gpu_tests.test_name(unfinished_gpu_test())}`", ""),  # as code
     "flash.grid_long_d64_full_min": (lambda: long_range("fwd_bwd", d=64, mask="full").min(), ".2f"),
     "flash.grid_long_d64_full_max": (lambda: long_range("fwd_bwd", d=64, mask="full").max(), ".2f"),
     "flash.grid_long_d128_min": (lambda: long_range("fwd_bwd", d=128).min(), ".2f"),
