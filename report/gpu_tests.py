@@ -17,7 +17,7 @@ from report.results import REPO_ROOT
 LOG_DIR = REPO_ROOT / "results" / "attention" / "flash_gpu_tests"
 # The runs of the newest code, oldest first: call 12 ran the whole set, call 13 the fixed test file
 # and the two tests call 12's limit cut (the code under test unchanged between them; tests only).
-NEWEST_RUNS = ("nvidia-h200-9e4798b14d17.log", "nvidia-h200-b4a673b6f1b0.log")
+NEWEST_RUNS = ("nvidia-h200-9e4798b14d17.log", "nvidia-h200-b4a673bb6d05.log")
 # The files those runs covered: the attention tests with GPU cases.
 TEST_FILES = ("tests/test_flash_attention.py", "tests/test_model_attention_impls.py", "tests/test_weighted_sum.py",
               "tests/test_fwd_ws.py", "tests/test_onepass_ws.py", "tests/test_direct_launch.py",

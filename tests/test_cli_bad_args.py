@@ -4,6 +4,7 @@ names the flag, no process started, no results file written. In-process through 
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -179,3 +180,29 @@ def test_unpack_results_appends_rows_instead_of_dropping_an_earlier_calls(tmp_pa
         archive = _archive(tmp_path, name, rows, "results/b/x.jsonl")
         subprocess.run(["bash", str(UNPACK), str(archive)], cwd=repo, check=True, capture_output=True)
     assert store.read_text() == '{"row": 0}\n{"row": 1}\n{"row": 2}\n'
+
+
+SCRIPTS = UNPACK.parent
+
+
+def test_gpu_snapshot_writes_the_commit_and_on_device_refuses_another(tmp_path):
+    """gpu_snapshot.sh writes the snapshot's commit into it; on_device.sh stamps rows with it and
+    refuses, before running anything, a CS336_GIT_COMMIT that names another commit."""
+    repo = _empty_repo(tmp_path)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "one"], check=True)
+    bad = subprocess.run(["bash", str(SCRIPTS / "gpu_snapshot.sh"), "no-such-rev"], cwd=repo, capture_output=True, text=True)
+    assert bad.returncode == 2 and "no commit named 'no-such-rev'" in bad.stderr
+    assert not (repo / ".gpu_snapshot").exists()
+    subprocess.run(["bash", str(SCRIPTS / "gpu_snapshot.sh")], cwd=repo, check=True, capture_output=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    snap = repo / ".gpu_snapshot"
+    assert (snap / ".commit").read_text().strip() == head
+    assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout == ""  # ignored
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "CS336_GIT_COMMIT": "0" * 12}
+    wrong = subprocess.run(["bash", str(SCRIPTS / "on_device.sh"), "touch ran"], cwd=snap, env=env,
+                           capture_output=True, text=True)
+    assert wrong.returncode == 2 and f"this snapshot is {head}" in wrong.stderr
+    assert not (snap / "ran").exists() and not any(out.iterdir())
