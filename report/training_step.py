@@ -184,6 +184,14 @@ def _one(variant: str, column: str) -> float:
     return float(one_gpu_rows().loc[variant, column])
 
 
+def _one_estimate(part: str) -> float:
+    """The bench's memory budget for the one-GPU layout (the same for both variants' rows), GiB."""
+    values = {row[part] for row in one_gpu_rows().memory_estimate_gib}
+    if len(values) != 1:
+        raise ValueError(f"the one-GPU rows disagree on the budget's {part}: {sorted(values)}")
+    return values.pop()
+
+
 def attention_extra_ms() -> float:
     """What our attention costs a step more than cuDNN's, from the grid's step cell (1 x 32 x 32,768,
     d 128, causal): per layer one forward, then (checkpointed) the forward again and the backward."""
@@ -214,6 +222,8 @@ FACTS = {
     "training_step.one_stock_mfu": (lambda: _one("stock", "mfu"), ".1%"),
     "training_step.one_ours_mfu": (lambda: _one("ours", "mfu"), ".1%"),
     "training_step.one_peak_gib": (lambda: one_gpu_rows().peak_allocated_gib.max(), ".1f"),
+    "training_step.one_low_gib": (lambda: _one_estimate("lower_bound"), ".1f"),
+    "training_step.one_estimate_gib": (lambda: _one_estimate("estimate"), ".1f"),
     "training_step.one_attention_extra_ms": (attention_extra_ms, ".0f"),
     "training_step.one_layers": (lambda: CFG.num_layers, "d"),
     "training_step.one_goal_speedup": (lambda: _one("stock", "step_ms") / 1e3 / GOAL_S, ".2f"),
@@ -241,6 +251,7 @@ FACTS = {
     "training_step.ce_torch_over_logits": (lambda: _count_words(_ce("torch", "peak_gib") / _ce("torch", "full_logits_gib")), ""),
     "training_step.ce_memory_ratio": (lambda: _ce("torch", "peak_gib") / _ce("fused", "peak_gib"), ".0f"),
     "training_step.ce_speedup": (lambda: _ce("torch", "ms") / _ce("fused", "ms"), ".2f"),
+    "training_step.ce_saved_ms": (lambda: _ce("torch-chunked", "ms") - _ce("fused", "ms"), ".0f"),
     "training_step.ce_chunked_slowdown": (lambda: _ce("torch-chunked", "ms") / _ce("fused", "ms"), ".1f"),
     "training_step.ce_fused_tflops": (lambda: _ce("fused", "tflops"), ".0f"),
     "training_step.ce_fused_of_ceiling": (lambda: _ce("fused", "tflops") / matmul_ceiling_tflops("bf16"), ".0%"),

@@ -88,7 +88,7 @@ CHAPTERS = (
             ("training-step", "fused-ce", "fused-adamw"),
             ("training_step.arithmetic", "training_step.memory_budget", "training_step.fused_ce",
              "training_step.fused_adamw", "training_step.variants", "training_step.rows", "training_step.bench"),
-            ("test_training_step.py", "test_fused_*.py"), ("training-step/*",), marker="training_step"),
+            ("test_training_step.py", "test_fused_*.py"), ("training-step", "training_step/*"), marker="training_step"),
 )
 
 SNIPPET = re.compile(r'--8<--\s+"(cs336_systems/[^":]+\.py)')

@@ -37,8 +37,8 @@ def test_every_cell_states_ours_against_cudnn_in_both_modes():
 
 def test_the_goal_is_not_met_and_the_gluon_cells_meet_it():
     # Answer: "Measured with one version of the code, forward+backward meets it in ... of the ...
-    # cells and the forward in ..., all with d = 64 and sequences from 8,192, where the tuned Gluon
-    # kernels run; every d = 64 cell from 8,192 is within 2% of cuDNN's speed or faster."
+    # cells and the forward in ..., all with d = 64 and sequences from 8,192 (the Gluon
+    # kernels); every d = 64 cell from 8,192 is within 2% of cuDNN's forward+backward speed or faster."
     for mode in ("fwd", "fwd_bwd"):
         met = flash_grid.met(mode)
         assert 0 < len(met) < len(speeds("ours", mode))
@@ -197,7 +197,8 @@ def test_the_newest_gpu_test_runs_cover_the_whole_suite():
 
 
 def test_the_one_failure_was_the_float16_weighted_sum_and_passes_now():
-    # "The one failure was a test's bound, which had no term for float16 subnormals (added)"
+    # "The first call's one failure was a test's bound, with no term for float16 subnormals; added, it
+    # passed in the second."
     first, fixed = (gpu_tests.outcomes((log,)).set_index("test").outcome for log in gpu_tests.NEWEST_RUNS)
     assert list(first[first == "FAILED"].index) == ["tests/test_weighted_sum.py::test_gpu_low_precision[torch.float16]"]
     assert fixed["tests/test_weighted_sum.py::test_gpu_low_precision[torch.float16]"] == "PASSED"
@@ -206,7 +207,8 @@ def test_the_one_failure_was_the_float16_weighted_sum_and_passes_now():
 
 
 def test_the_unfinished_case_was_cut_in_both_runs_and_is_fp32():
-    # "One case, ..., ran into the time limit twice (fp32 on 128-wide tiles)"
+    # "... passed, ... skipped and one never finished: ... ran into the time limit twice (fp32 on
+    # 128-wide tiles ...)"
     test = flash_grid.unfinished_gpu_test()
     for log in gpu_tests.NEWEST_RUNS:
         assert gpu_tests.outcomes((log,)).set_index("test").outcome[test] == "UNFINISHED"

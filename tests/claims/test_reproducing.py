@@ -20,7 +20,8 @@ def test_tf32_is_several_times_faster_than_ieee_fp32():
 
 def test_bench_all_leaves_out_the_multi_process_benchmarks():
     # "`collectives`, `ddp` and `sharding` are not in `just bench-all` ... Nor are `fsdp`, `tp-ffn`
-    # and `training-step`, which are written for two GPUs." The step's one-GPU pieces are in it.
+    # and `training-step`, which are written for two GPUs." The step's one-GPU pieces are in it (and
+    # `training-step --batch 1 --world-size 1` runs one GPU's share: the training-step page's rows).
     from cs336_systems.bench.registry import BENCHMARKS
 
     for name in ("collectives", "ddp", "sharding", "fsdp", "tp-ffn", "training-step"):
