@@ -303,6 +303,8 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.grid_sweeps": (lambda: grid_sweeps(), "d"),
     "flash.grid_host_runs": (lambda: len(host_runs(EAGER_STEP)), "d"),
     "flash.grid_profile_total_s": (lambda: profile_seconds()["total"], ".3f"),
+    "flash.grid_profile_step_us": (lambda: profile_seconds()["total"] / PROFILE_STEPS * 1e6, ".0f"),
+    "flash.grid_profile_unprofiled_us": (lambda: profiled_call_step_us(), ".0f"),
     "flash.grid_profile_engine_s": (lambda: profile_seconds()["engine_own"], ".3f"),
     "flash.grid_profile_dispatch_s": (lambda: profile_seconds()["dispatch_cum"], ".3f"),
     "flash.grid_short_spread_cell": (lambda: cell_words(short_spread().idxmax()), ""),
@@ -317,6 +319,7 @@ FACTS = {  # name -> (function of nothing, format)
 STEP_KEY = "bf16-d128-causal-huge"  # the table key the step's cell runs (plans_table)
 PROFILE = REPO_ROOT / "results" / "attention" / "host_overhead" / "profile-eager-step-b21f8afc27ee.txt"
 EAGER_STEP = "ours: forward+backward step (Fn.apply, eager)"
+PROFILE_STEPS = 50  # the profile's header: "cProfile of 50 eager forward+backward steps"
 CUDNN_STEP = "cudnn: forward+backward step"
 
 
@@ -339,6 +342,14 @@ def grid_sweeps() -> int:
     rows more than 5 minutes apart start a new sweep."""
     t = pd.to_datetime(grid_rows().time_utc).sort_values()
     return int((t.diff() > pd.Timedelta(minutes=5)).sum()) + 1
+
+
+def profiled_call_step_us() -> float:
+    """The eager step's host µs without the profiler, in the flash-host run of the profile's commit."""
+    git = re.search(r"git ([0-9a-f]{12})", PROFILE.read_text()).group(1)
+    df = load_results(HOST_BENCH, status="ok")
+    (us,) = df[(df.seq == 1024) & (df.piece == EAGER_STEP) & (df.git == git)].host_us
+    return float(us)
 
 
 def profile_seconds() -> dict[str, float]:

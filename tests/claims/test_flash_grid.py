@@ -137,7 +137,7 @@ def test_the_step_cells_backward_is_further_behind_and_two_pass():
 
 def test_short_cells_are_set_by_the_host():
     # "In the ... cells that took under ... ms in every run that measured them, ours' forward+backward
-    # took ... to ... ms whatever the shape, and with the same table the same cell moved by up to ...x
+    # took ... to ... ms whatever the shape, and with the same tiles a cell moved by up to ...x
     # from one run to the next (...): the time is the host's, not the GPU's." Whatever the shape: 16
     # times the work (seq 1,024 -> 4,096, d = 64, causal, 1 x 16) took less than twice the time in
     # every run; the spread is between runs with the same table (the plan did not change).
@@ -239,3 +239,11 @@ def test_the_gluon_kernels_take_head_dim_64_only(monkeypatch, which):
     assert ask(128) == "written for head dim 64"
 
 
+
+
+def test_the_profiled_step_is_slower_than_the_unprofiled_one():
+    # "(... µs a step, against ... unprofiled: the profiler's own cost)": the profile's header names its
+    # step count, and profiled steps take longer than the same commit's unprofiled step
+    assert f"cProfile of {flash_grid.PROFILE_STEPS} eager" in flash_grid.PROFILE.read_text().splitlines()[0]
+    per_step_us = flash_grid.profile_seconds()["total"] / flash_grid.PROFILE_STEPS * 1e6
+    assert per_step_us > 1.2 * flash_grid.profiled_call_step_us()
