@@ -13,6 +13,7 @@ from cs336_systems.model import get_config
 from cs336_systems.training_step import adamw_bench, arithmetic, ce_bench
 from cs336_systems.training_step.memory_budget import GIB, Layout, budget
 from report.flash import register
+from report.flash_grid import step
 from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
 from report.results import load_results, markdown_table, provenance_line
 
@@ -89,12 +90,12 @@ def _source(bench: str) -> str:
     return f"results/{bench}/nvidia-h200.jsonl"
 
 
-def _piece_rows(bench: str, key: tuple[str, ...], shape: dict, order: dict) -> pd.DataFrame:
-    """The newest ok row per implementation at the step's shape, indexed by impl in `order`'s order."""
+def _piece_rows(bench: str, key: tuple[str, ...], shape: dict, order: dict, index: str = "impl") -> pd.DataFrame:
+    """The newest ok row per `key` at the step's shape, indexed by `index` in `order`'s order."""
     df = load_results(bench, status="ok")
     for column, value in shape.items():
-        df = df[df[column] == value]
-    df = df.sort_values("time_utc").drop_duplicates(list(key), keep="last").set_index("impl")
+        df = df[df[column].map(lambda x, value=value: value(x) if callable(value) else x == value)]
+    df = df.sort_values("time_utc").drop_duplicates(list(key), keep="last").set_index(index)
     missing = set(order) - set(df.index)
     if missing:
         raise KeyError(f"{_source(bench)} has no ok row at {shape} for {sorted(missing)}")
@@ -145,7 +146,8 @@ def adamw_table() -> str:
 
 # -- the whole step on one GPU (`just bench training-step --batch 1 --world-size 1`) ---------------
 
-ONE_GPU = {"size": "8B", "batch": 1, "context": CONTEXT, "world_size": 1}  # one GPU's share: one sequence
+ONE_GPU = {"size": "8B", "batch": 1, "context": CONTEXT, "world_size": 1,  # one GPU's share: one sequence,
+           "flags": lambda f: f["shard"] == "none" and f["keep_blocks"] == 0}  # unsharded, all checkpointed
 STEP_BENCH = "training-step"
 VARIANT_WORDS = {"stock": "stock PyTorch (SDPA, checkpointed loss chunks, torch fused AdamW)",
                  "ours": "ours (FlashAttention, fused loss, FusedAdamW)"}
@@ -154,30 +156,23 @@ VARIANT_WORDS = {"stock": "stock PyTorch (SDPA, checkpointed loss chunks, torch 
 def one_gpu_rows() -> pd.DataFrame:
     """The newest ok row per variant of the 8B step on one GPU at one sequence, unsharded, every
     block checkpointed: step_ms (do_bench's median), mfu, peak_allocated_gib, n_timed, ..."""
-    df = load_results(STEP_BENCH, status="ok")
-    for column, value in ONE_GPU.items():
-        df = df[df[column] == value]
-    df = df[df["flags"].map(lambda f: f["shard"] == "none" and f["keep_blocks"] == 0)]
-    df = df.sort_values("time_utc").drop_duplicates("variant", keep="last").set_index("variant")
-    missing = set(VARIANT_WORDS) - set(df.index)
-    if missing:
-        raise KeyError(f"{_source(STEP_BENCH)} has no ok row at {ONE_GPU} for {sorted(missing)}")
-    return df.loc[list(VARIANT_WORDS)]
+    return _piece_rows(STEP_BENCH, ("variant",), ONE_GPU, VARIANT_WORDS, index="variant")
 
 
 def one_gpu_table() -> str:
     df = one_gpu_rows()
+    mfu = f"MFU (of {df.peak_tflops_datasheet.iloc[0]:g} TFLOP/s)"
     table = pd.DataFrame({"variant": [VARIANT_WORDS[v] for v in df.index],
                           "step (ms)": df.step_ms.to_numpy(),
-                          "MFU (of 989 TFLOP/s)": df.mfu.to_numpy(),
+                          mfu: df.mfu.to_numpy(),
                           "peak memory (GiB)": df.peak_allocated_gib.to_numpy(),
                           "steps timed": df.n_timed.to_numpy()})
-    return (markdown_table(table, formats={"step (ms)": ",.0f", "MFU (of 989 TFLOP/s)": ".1%",
-                                           "peak memory (GiB)": ".1f", "steps timed": "d"})
+    return (markdown_table(table, formats={"step (ms)": ",.0f", mfu: ".1%", "peak memory (GiB)": ".1f",
+                                           "steps timed": "d"})
             + "\n\n" + provenance_line(df.reset_index(), _source(STEP_BENCH))
             + f" *The 8B model unsharded on one H200, one sequence of {CONTEXT:,} tokens, bf16, every block "
-              "checkpointed and compiled; `do_bench`'s median over its 100 ms window, which a step of six "
-              "seconds fills once.*")
+              f"checkpointed and compiled; `do_bench` with a {df.rep_ms.max():g} ms window, so a step of "
+              f"{df.step_ms.min() / 1e3:.1f} s or more is timed once.*")
 
 
 def _one(variant: str, column: str) -> float:
@@ -195,8 +190,6 @@ def _one_estimate(part: str) -> float:
 def attention_extra_ms() -> float:
     """What our attention costs a step more than cuDNN's, from the grid's step cell (1 x 32 x 32,768,
     d 128, causal): per layer one forward, then (checkpointed) the forward again and the backward."""
-    from report.flash_grid import step  # the grid's rows; imported here, only this fact needs them
-
     per_layer = {impl: step(impl, "fwd") + step(impl, "fwd_bwd") for impl in ("ours", "cudnn")}
     return CFG.num_layers * (per_layer["ours"] - per_layer["cudnn"])
 
