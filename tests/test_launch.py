@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -42,6 +43,15 @@ def _rank0_stalls(worker: Worker) -> None:
 def test_results_come_back_by_rank():
     out = spawn(_sum_ranks, 3, 2.0)
     assert out == [(r, 3, [12.0] * 3) for r in range(3)]  # 2 * (1 + 2 + 3)
+
+
+def _aborts_at_exit(worker: Worker) -> int:
+    atexit.register(os.abort)  # stands in for a C++ helper thread that aborts the interpreter's teardown
+    return worker.rank
+
+
+def test_a_rank_done_and_saved_skips_the_teardown_that_could_abort_it():
+    assert spawn(_aborts_at_exit, 2) == [0, 1]
 
 
 def test_failing_rank_brings_the_others_down_with_its_message():
