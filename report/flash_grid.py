@@ -303,7 +303,7 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.grid_sweeps": (lambda: grid_sweeps(), "d"),
     "flash.grid_host_runs": (lambda: len(host_runs(EAGER_STEP)), "d"),
     "flash.grid_profile_total_s": (lambda: profile_seconds()["total"], ".3f"),
-    "flash.grid_profile_step_us": (lambda: profile_seconds()["total"] / PROFILE_STEPS * 1e6, ".0f"),
+    "flash.grid_profile_step_us": (lambda: profile_seconds()["total"] / profile_header()["steps"] * 1e6, ".0f"),
     "flash.grid_profile_unprofiled_us": (lambda: profiled_call_step_us(), ".0f"),
     "flash.grid_profile_engine_s": (lambda: profile_seconds()["engine_own"], ".3f"),
     "flash.grid_profile_dispatch_s": (lambda: profile_seconds()["dispatch_cum"], ".3f"),
@@ -319,7 +319,6 @@ FACTS = {  # name -> (function of nothing, format)
 STEP_KEY = "bf16-d128-causal-huge"  # the table key the step's cell runs (plans_table)
 PROFILE = REPO_ROOT / "results" / "attention" / "host_overhead" / "profile-eager-step-b21f8afc27ee.txt"
 EAGER_STEP = "ours: forward+backward step (Fn.apply, eager)"
-PROFILE_STEPS = 50  # the profile's header: "cProfile of 50 eager forward+backward steps"
 CUDNN_STEP = "cudnn: forward+backward step"
 
 
@@ -344,12 +343,25 @@ def grid_sweeps() -> int:
     return int((t.diff() > pd.Timedelta(minutes=5)).sum()) + 1
 
 
+def profile_header() -> dict:
+    """What the profile's first line says it profiled: steps, batch, seq and the commit."""
+    head = PROFILE.read_text().splitlines()[0]
+    m = re.search(r"cProfile of (\d+) eager .* at batch (\d+) x (\d+),.* git ([0-9a-f]{12})", head)
+    if m is None:
+        raise ValueError(f"{PROFILE.name}: its first line does not say steps, batch x seq and git: {head!r}")
+    steps, batch, seq, git = m.groups()
+    return {"steps": int(steps), "batch": int(batch), "seq": int(seq), "git": git}
+
+
 def profiled_call_step_us() -> float:
-    """The eager step's host µs without the profiler, in the flash-host run of the profile's commit."""
-    git = re.search(r"git ([0-9a-f]{12})", PROFILE.read_text()).group(1)
+    """The eager step's host µs without the profiler, in the flash-host run of the profile's commit
+    and shape."""
+    h = profile_header()
     df = load_results(HOST_BENCH, status="ok")
-    (us,) = df[(df.seq == 1024) & (df.piece == EAGER_STEP) & (df.git == git)].host_us
-    return float(us)
+    hit = df[(df.batch == h["batch"]) & (df.seq == h["seq"]) & (df.piece == EAGER_STEP) & (df.git == h["git"])]
+    if len(hit) != 1:
+        raise ValueError(f"results/{HOST_BENCH}: {len(hit)} eager-step rows at {h} (want exactly one)")
+    return float(hit.host_us.iloc[0])
 
 
 def profile_seconds() -> dict[str, float]:

@@ -1,9 +1,10 @@
 """The attention GPU tests as the committed pytest logs record them (results/attention/flash_gpu_tests).
 
 A `-v` log under pytest-xdist names each test twice: when a worker starts it (the bare node id) and
-when it ends ("[gw3] [ 56%] PASSED <node id>"). Reading the logs in order and keeping each test's
-last word gives the state of the suite across several GPU calls, including the tests a time limit cut
-while they ran (started, never ended).
+when it ends ("[gw3] [ 56%] PASSED <node id>"). Without xdist a line is "<node id> PASSED [ 50%]",
+and a test cut while it ran is left as its bare node id. Reading the logs in order and keeping each
+test's last word gives the state of the suite across several GPU calls, including the tests a time
+limit cut while they ran (started, never ended).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ NEWEST_RUNS = ("nvidia-h200-9e4798b14d17.log", "nvidia-h200-b4a673bb6d05.log")
 TEST_FILES = ("tests/test_flash_attention.py", "tests/test_model_attention_impls.py", "tests/test_weighted_sum.py",
               "tests/test_fwd_ws.py", "tests/test_onepass_ws.py", "tests/test_direct_launch.py",
               "tests/test_flash_precision.py")
-_ENDED = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/\S+)")
+OUTCOMES = ("PASSED", "SKIPPED", "FAILED", "ERROR", "XFAIL", "XPASS")
+_WORD = "|".join(OUTCOMES)
+_ENDED_XDIST = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] ({_WORD}) (tests/\S+)")  # outcome, id
+_ENDED_PLAIN = re.compile(rf"^(tests/\S+::\S+) ({_WORD})\b")  # id, outcome
 _STARTED = re.compile(r"^(tests/\S+::\S+)\s*$")
 
 
@@ -37,18 +41,22 @@ def outcomes(logs: tuple[str, ...] = NEWEST_RUNS) -> pd.DataFrame:
     last: dict[str, tuple[str, str]] = {}
     for log in logs:
         for line in (LOG_DIR / log).read_text().splitlines():
-            if m := _ENDED.match(line):
+            if m := _ENDED_XDIST.match(line):
                 last[m.group(2)] = (m.group(1), log)
+            elif m := _ENDED_PLAIN.match(line):
+                last[m.group(1)] = (m.group(2), log)
             elif m := _STARTED.match(line):  # started (again, in a later run): unfinished until it ends
                 last[m.group(1)] = ("UNFINISHED", log)
+        if not any(g == log for _, g in last.values()):
+            raise ValueError(f"{log}: no test outcome in it (was it run with -v?)")
     return pd.DataFrame([(t, o, g) for t, (o, g) in last.items()], columns=["test", "outcome", "log"])
 
 
 def counts(logs: tuple[str, ...] = NEWEST_RUNS) -> dict[str, int]:
     """How many tests end in each outcome (zeros included), and the total."""
-    c = outcomes(logs).outcome.value_counts()
-    out = {k: int(c.get(k, 0)) for k in ("PASSED", "SKIPPED", "FAILED", "ERROR", "UNFINISHED")}
-    return {**out, "total": sum(out.values())}
+    o = outcomes(logs)
+    c = o.outcome.value_counts()
+    return {**{k: int(c.get(k, 0)) for k in (*OUTCOMES, "UNFINISHED")}, "total": len(o)}
 
 
 def test_name(node_id: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from report import gpu_tests
 
 FIRST = """# header, git 0123456789ab
@@ -30,7 +32,26 @@ def test_last_outcome_per_test_and_cut_tests_unfinished(tmp_path, monkeypatch):
     both = gpu_tests.outcomes(("1.log", "2.log")).set_index("test")
     assert both.outcome["tests/t.py::b"] == "PASSED" and both.log["tests/t.py::b"] == "2.log"
     assert both.outcome["tests/t.py::c"] == "UNFINISHED" and both.log["tests/t.py::c"] == "2.log"
-    assert gpu_tests.counts(("1.log", "2.log")) == {"PASSED": 2, "SKIPPED": 1, "FAILED": 0, "ERROR": 0,
-                                                    "UNFINISHED": 1, "total": 4}
+    assert gpu_tests.counts(("1.log", "2.log")) == {"PASSED": 2, "SKIPPED": 1, "FAILED": 0, "ERROR": 0, "XFAIL": 0,
+                                                    "XPASS": 0, "UNFINISHED": 1, "total": 4}
     assert gpu_tests.log_git("2.log") == "ba9876543210"
     assert gpu_tests.test_name("tests/t.py::a[1]") == "a[1]"
+
+
+PLAIN = """# header, git 00000000000c
+tests/t.py::c PASSED                                                      [ 50%]
+tests/t.py::e XFAIL (a reason)                                            [100%]
+tests/t.py::f
+"""
+
+
+def test_a_log_without_xdist_reads_the_same_and_one_without_outcomes_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "1.log").write_text(FIRST)
+    (tmp_path / "3.log").write_text(PLAIN)
+    (tmp_path / "quiet.log").write_text("# header\n....F.s [100%]\n")
+    monkeypatch.setattr(gpu_tests, "LOG_DIR", tmp_path)
+    got = gpu_tests.outcomes(("1.log", "3.log")).set_index("test").outcome
+    assert got["tests/t.py::c"] == "PASSED" and got["tests/t.py::e"] == "XFAIL" and got["tests/t.py::f"] == "UNFINISHED"
+    assert gpu_tests.counts(("1.log", "3.log"))["total"] == 6
+    with pytest.raises(ValueError, match=r"quiet.log: no test outcome in it \(was it run with -v\?\)"):
+        gpu_tests.outcomes(("1.log", "quiet.log"))

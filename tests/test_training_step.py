@@ -336,6 +336,11 @@ def test_bench_one_rank_writes_a_row_per_variant(tmp_path, variants):
         assert flags["plain"]["attention"] == "naive" and flags["plain"]["checkpointed_blocks"] == 0
     else:
         assert flags["ours"]["optimizer"] == "FusedAdamW" and flags["ours"]["loss"] == "fused"
+    # the kernel SDPA chose is recorded where SDPA runs (stock), and only there
+    from torch.nn.attention import SDPBackend
+
+    backends = {r["variant"]: r["sdpa_backend"] for r in rows}
+    assert all((b in SDPBackend.__members__ and b != "ERROR") if v == "stock" else b is None for v, b in backends.items())
 
 
 @pytest.mark.distributed

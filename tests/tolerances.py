@@ -36,8 +36,8 @@ every error with the same sign), tight against any bug (a gradient not averaged 
 Underflow. The relative model holds for results in the normal range. A result below the smallest
 normal number (float16: 2^-14 ~ 6.1e-5) is stored as a subnormal, on a fixed grid of spacing
 2^-24 for float16, so its rounding error is absolute: fl(x) = x (1 + delta) + eta, |eta| <= half
-that spacing (Higham, section 2.1). A product of two N(0, 1) values falls there about twice in
-1,000; bfloat16 and float32 share float32's exponent range, where it takes values below 1e-38.
+that spacing (Higham, section 2.1). A product of two N(0, 1) values falls there about four times in
+10,000; bfloat16 and float32 share float32's exponent range, where it takes values below 1e-38.
 
 Where a test compares two computations that perform the *same* operations on the *same* values,
 the bound is 0: IEEE arithmetic is deterministic, each operation is correctly rounded, and a + b ==
@@ -59,7 +59,7 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 def underflow_error(dtype: torch.dtype) -> float:
     """eta: the largest absolute error of rounding a result into `dtype`'s subnormal range, half the
-    smallest subnormal (2^-25 for float16, ~4.6e-41 for bfloat16 and float32)."""
+    smallest subnormal: 2^-25 for float16, 2^-134 (~4.6e-41) for bfloat16, 2^-150 (~7.0e-46) for float32."""
     info = torch.finfo(dtype)
     return info.tiny * info.eps / 2
 

@@ -24,6 +24,7 @@ What the wrapper guarantees, so no caller has to think about it:
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
 import shutil
 import signal
@@ -215,6 +216,8 @@ def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: s
     # join helper threads (compile workers, collective threads) in an order that can abort the
     # process ("terminate called without an active exception", seen once in a 2-rank CPU run of the
     # training step after every row was written), which the parent would report as a failed rank.
+    # Skipped with it: atexit handlers; logging's and the standard streams' flushes are done here.
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -83,12 +83,14 @@ def _gib(device: torch.device, what: str) -> float | None:
 def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     """Build the variant, run its first step, time it: this rank's numbers."""
     from .timing import time_train_step
-    from .variants import build
+    from .variants import build, sdpa_backend
 
     dev, started = worker.device, time.time()
     _say(worker, f"{recipe.variant}: building ({plan.size}, {plan.dtype_name}, batch {plan.batch}, "
                  f"context {plan.cfg.context_length}, {worker.world_size} rank(s))")
     step = build(recipe, plan.options, plan.cfg, worker, plan.batch)
+    sdpa = (sdpa_backend(plan.cfg, plan.batch // worker.world_size, DTYPES[plan.dtype_name], dev)
+            if recipe.attention == "sdpa" else None)  # before the peak reset: its empty q is no step's
     synchronize(dev)
     after_build = _gib(dev, "memory_allocated")
     if dev.type == "cuda":  # the fp32 initialisation's transient is not the step's
@@ -107,7 +109,8 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
                  f"rep {plan.rep_ms:g} ms)")
     timing = time_train_step(step, worker, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms,
                              first_step_s=first_step_s)
-    return {**timing.summary(), "loss_first_step": loss_first, "loss_last": float(step.last_loss),
+    return {**timing.summary(), "sdpa_backend": sdpa,
+            "loss_first_step": loss_first, "loss_last": float(step.last_loss),
             "steps_taken": step.steps_taken,
             "first_step_s": first_step_s, "wall_to_first_step_s": wall_to_first,
             "since_start_to_first_step_s": since_start_first,

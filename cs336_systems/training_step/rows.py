@@ -84,6 +84,7 @@ def row_metrics(plan: Plan, recipe: Recipe, world: int, per_rank: list[dict[str,
         "loss_first_step": sum(r["loss_first_step"] for r in per_rank) / world,
         "loss_last": sum(r["loss_last"] for r in per_rank) / world,
         "steps_taken": first["steps_taken"],  # do_bench's count: loss_last is the loss at the last one
+        "sdpa_backend": first.get("sdpa_backend"),  # the kernel SDPA chose (stock); None without SDPA
         **{k: max(r[k] for r in per_rank) for k in ("first_step_s", "wall_to_first_step_s",
                                                     "since_start_to_first_step_s", "wall_total_s",
                                                     "since_start_s")},

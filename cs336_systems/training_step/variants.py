@@ -41,6 +41,17 @@ ATTENTION = {"plain": "naive", "stock": "sdpa", "ours": "flash-triton"}
 LOSS = {"plain": "full-logits", "stock": "chunked", "ours": "fused"}
 
 
+def sdpa_backend(cfg: ModelConfig, batch_per_rank: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The kernel SDPA picks for the step's causal attention on this device (FLASH_ATTENTION,
+    CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH): the stock variant does not pin one, and its speed
+    depends on which. Asked of PyTorch's own selection on empty tensors of the step's shape."""
+    from torch.nn.attention import SDPBackend
+
+    shape = (batch_per_rank, cfg.num_heads, cfg.context_length, cfg.d_model // cfg.num_heads)
+    q = torch.empty(shape, dtype=dtype, device=device)  # (batch, heads, seq, d_head), never read
+    return SDPBackend(torch._fused_sdp_choice(q, q, q, None, 0.0, True)).name
+
+
 @dataclass(frozen=True)
 class Recipe:
     """What a variant runs with, decided before anything is built (the row's flags)."""
