@@ -197,8 +197,8 @@ def test_the_newest_gpu_test_runs_cover_the_whole_suite():
 
 
 def test_the_one_failure_was_the_float16_weighted_sum_and_passes_now():
-    # "The first call's one failure was a test's bound, with no term for float16 subnormals; added, it
-    # passed in the second."
+    # "The first call's one failure, a test's bound lacking a term for float16 subnormals, passed in
+    # the second once added."
     first, fixed = (gpu_tests.outcomes((log,)).set_index("test").outcome for log in gpu_tests.NEWEST_RUNS)
     assert list(first[first == "FAILED"].index) == ["tests/test_weighted_sum.py::test_gpu_low_precision[torch.float16]"]
     assert fixed["tests/test_weighted_sum.py::test_gpu_low_precision[torch.float16]"] == "PASSED"
