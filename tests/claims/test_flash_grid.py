@@ -1,4 +1,4 @@
-"""Claims of docs/flash-attention/faster-than-cudnn.md, section "The whole grid: where ours is not
+"""Claims of docs/flash-attention/grid.md, "The whole grid: where ours is not
 yet cuDNN's equal", asserted over results/attention/flash_grid and the tuned table.
 
 Each test quotes the sentence it guards. When a new grid run or a re-tuned table makes one fail,
