@@ -114,35 +114,38 @@ def adamw_rows() -> pd.DataFrame:
     return _piece_rows(adamw_bench.BENCH, adamw_bench.KEY, ADAMW_SHAPE, ADAMW_WORDS)
 
 
+def _rows_table(df: pd.DataFrame, label: str, words: dict, columns: dict, bench: str, note: str) -> str:
+    """A markdown table of measured rows (one per index entry, named by `words`), `columns` mapping
+    a heading to (row column, format), then the rows' provenance and an italic note."""
+    table = pd.DataFrame({label: [words[i] for i in df.index],
+                          **{head: df[column].to_numpy() for head, (column, _) in columns.items()}})
+    return (markdown_table(table, formats={head: fmt for head, (_, fmt) in columns.items()})
+            + "\n\n" + provenance_line(df.reset_index(), _source(bench)) + f" *{note}*")
+
+
 def ce_table() -> str:
     df = ce_rows()
-    table = pd.DataFrame({"implementation": [CE_WORDS[i] for i in df.index],
-                          "forward + backward (ms)": df.ms.to_numpy(),
-                          "TFLOP/s": df.tflops.to_numpy(),
-                          "peak memory above the inputs (GiB)": df.peak_gib.to_numpy()})
-    return (markdown_table(table, formats={"forward + backward (ms)": ".0f", "TFLOP/s": ".0f",
-                                           "peak memory above the inputs (GiB)": ".1f"})
-            + "\n\n" + provenance_line(df.reset_index(), _source(ce_bench.BENCH))
-            + f" *N = {CE_SHAPE['positions']:,} positions, V = {CE_SHAPE['vocab']:,}, d = {CE_SHAPE['d_model']:,}, "
-              f"bf16, chunks of {int(df.chunk_size.iloc[0]):,}; the median of `do_bench` over forward + backward; "
-              "TFLOP/s counts the 6 N V d FLOPs of the three matmuls (the chunked loss recomputes its logits "
-              "and runs 8, counted as 6); the full logits alone are "
-              f"{df.full_logits_gib.iloc[0]:.1f} GiB.*")
+    columns = {"forward + backward (ms)": ("ms", ".0f"), "TFLOP/s": ("tflops", ".0f"),
+               "peak memory above the inputs (GiB)": ("peak_gib", ".1f")}
+    return _rows_table(df, "implementation", CE_WORDS, columns, ce_bench.BENCH,
+                       f"N = {CE_SHAPE['positions']:,} positions, V = {CE_SHAPE['vocab']:,}, "
+                       f"d = {CE_SHAPE['d_model']:,}, "
+                       f"bf16, chunks of {int(df.chunk_size.iloc[0]):,}; the median of `do_bench` over forward + backward; "
+                       "TFLOP/s counts the 6 N V d FLOPs of the three matmuls (the chunked loss recomputes its logits "
+                       "and runs 8, counted as 6); the full logits alone are "
+                       f"{df.full_logits_gib.iloc[0]:.1f} GiB.")
 
 
 def adamw_table() -> str:
     df = adamw_rows()
-    table = pd.DataFrame({"implementation": [ADAMW_WORDS[i] for i in df.index],
-                          "step (ms)": df.ms.to_numpy(),
-                          "GB/s": df.gb_per_s.to_numpy(),
-                          "host time (ms)": df.host_ms.to_numpy()})
     first = df.iloc[0]
-    return (markdown_table(table, formats={"step (ms)": ".1f", "GB/s": ",.0f", "host time (ms)": ".1f"})
-            + "\n\n" + provenance_line(df.reset_index(), _source(adamw_bench.BENCH))
-            + f" *{int(first.numel) / 1e9:.2f} billion bf16 parameters in {int(first.tensors)} tensors (one rank's "
-              f"half of the 8B model); GB/s counts the {first.bytes_moved / 1e9:.1f} GB a step must move (p, g, m, "
-              "v read, p, m, v written) over the step's GPU time; the host time is how long `opt.step()` "
-              "takes to return.*")
+    columns = {"step (ms)": ("ms", ".1f"), "GB/s": ("gb_per_s", ",.0f"), "host time (ms)": ("host_ms", ".1f")}
+    return _rows_table(df, "implementation", ADAMW_WORDS, columns, adamw_bench.BENCH,
+                       f"{int(first.numel) / 1e9:.2f} billion bf16 parameters in {int(first.tensors)} tensors "
+                       "(one rank's "
+                       f"half of the 8B model); GB/s counts the {first.bytes_moved / 1e9:.1f} GB a step must move (p, g, m, "
+                       "v read, p, m, v written) over the step's GPU time; the host time is how long `opt.step()` "
+                       "takes to return.")
 
 
 # -- the whole step on one GPU (`just bench training-step --batch 1 --world-size 1`) ---------------
@@ -162,18 +165,13 @@ def one_gpu_rows() -> pd.DataFrame:
 
 def one_gpu_table() -> str:
     df = one_gpu_rows()
-    mfu = f"MFU (of {df.peak_tflops_datasheet.iloc[0]:g} TFLOP/s)"
-    table = pd.DataFrame({"variant": [VARIANT_WORDS[v] for v in df.index],
-                          "step (ms)": df.step_ms.to_numpy(),
-                          mfu: df.mfu.to_numpy(),
-                          "peak memory (GiB)": df.peak_allocated_gib.to_numpy(),
-                          "steps timed": df.n_timed.to_numpy()})
-    return (markdown_table(table, formats={"step (ms)": ",.0f", mfu: ".1%", "peak memory (GiB)": ".1f",
-                                           "steps timed": "d"})
-            + "\n\n" + provenance_line(df.reset_index(), _source(STEP_BENCH))
-            + f" *The 8B model unsharded on one H200, one sequence of {CONTEXT:,} tokens, bf16, every block "
+    columns = {"step (ms)": ("step_ms", ",.0f"),
+               f"MFU (of {df.peak_tflops_datasheet.iloc[0]:g} TFLOP/s)": ("mfu", ".1%"),
+               "peak memory (GiB)": ("peak_allocated_gib", ".1f"), "steps timed": ("n_timed", "d")}
+    return _rows_table(df, "variant", VARIANT_WORDS, columns, STEP_BENCH,
+                       f"The 8B model unsharded on one H200, one sequence of {CONTEXT:,} tokens, bf16, every block "
               f"checkpointed and compiled; `do_bench` with a {df.rep_ms.max():g} ms window, so a multi-second "
-              "step is timed once.*")
+                       "step is timed once.")
 
 
 def _one(variant: str, column: str) -> float:
