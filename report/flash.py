@@ -13,6 +13,7 @@ import re
 import pandas as pd
 
 from cs336_systems.bench.store import REPO_ROOT
+from report import gpu_tests
 from report.facts import fact
 from report.figures import new_figure
 from report.results import load_results, markdown_table, provenance_line
@@ -132,7 +133,7 @@ def leaderboard_figure():
     return fig
 
 
-def gpu_test_summary(log: str = "nvidia-h200.log") -> tuple[str, str]:
+def gpu_test_summary(log: str = gpu_tests.NEWEST_RUNS[-1]) -> tuple[str, str]:
     """(pytest's last summary line, the log's header) of a committed GPU test log."""
     text = (REPO_ROOT / "results" / "attention" / "flash_gpu_tests" / log).read_text()
     header = " ".join(line.lstrip("# ").strip() for line in text.splitlines()[:2])
@@ -195,6 +196,7 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.gpu_tests": (lambda: gpu_test_summary()[0], "s"),
     "flash.gpu_tests_header": (lambda: gpu_test_summary()[1], "s"),
     "flash.gpu_tests_git": (lambda: re.search(r"git ([0-9a-f]{7,40})", gpu_test_summary()[1]).group(1), "s"),
+    "flash.gpu_tests_log": (lambda: f"`{(gpu_tests.LOG_DIR / gpu_tests.NEWEST_RUNS[-1]).relative_to(REPO_ROOT)}`", "s"),  # as code
     "flash.gpu_tests_gluon": (lambda: gpu_test_summary("nvidia-h200-gluon-kernels.log")[0], "s"),
 }
 

@@ -279,10 +279,8 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.grid_d128_tuned_at": (lambda: tuned_at(table_key(torch.bfloat16, 128, True, "large")), ""),
     "flash.grid_new_git": (newest_git, ""),
     "flash.gpu_now_git": (lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]), ""),
-    "flash.gpu_now_fix_git": (lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]), ""),
     **{f"flash.gpu_now_{k.lower()}": (lambda k=k: gpu_tests.counts()[k], "d")
        for k in ("PASSED", "SKIPPED", "total")},
-    "flash.gpu_now_unfinished": (lambda: f"`{gpu_tests.test_name(unfinished_gpu_test())}`", ""),  # as code
     "flash.grid_long_d64_full_min": (lambda: long_range("fwd_bwd", d=64, mask="full").min(), ".2f"),
     "flash.grid_long_d64_full_max": (lambda: long_range("fwd_bwd", d=64, mask="full").max(), ".2f"),
     "flash.grid_long_d128_min": (lambda: long_range("fwd_bwd", d=128).min(), ".2f"),
@@ -320,13 +318,6 @@ STEP_KEY = "bf16-d128-causal-huge"  # the table key the step's cell runs (plans_
 PROFILE = REPO_ROOT / "results" / "attention" / "host_overhead" / "profile-eager-step-b21f8afc27ee.txt"
 EAGER_STEP = "ours: forward+backward step (Fn.apply, eager)"
 CUDNN_STEP = "cudnn: forward+backward step"
-
-
-def unfinished_gpu_test() -> str:
-    """The one attention GPU test no run of the newest code finished (the page names it)."""
-    o = gpu_tests.outcomes()
-    (test,) = o.test[o.outcome == "UNFINISHED"]
-    return test
 
 
 def short_spread() -> pd.Series:

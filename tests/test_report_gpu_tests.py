@@ -19,6 +19,9 @@ SECOND = """# header, git ba9876543210
 tests/t.py::b
 [gw0] [ 50%] PASSED tests/t.py::b
 tests/t.py::c
+""" + """=============================== warnings summary ===============================
+tests/t.py::a[1]
+  a warning: the summary names a test without running it
 """
 
 
@@ -35,7 +38,6 @@ def test_last_outcome_per_test_and_cut_tests_unfinished(tmp_path, monkeypatch):
     assert gpu_tests.counts(("1.log", "2.log")) == {"PASSED": 2, "SKIPPED": 1, "FAILED": 0, "ERROR": 0, "XFAIL": 0,
                                                     "XPASS": 0, "UNFINISHED": 1, "total": 4}
     assert gpu_tests.log_git("2.log") == "ba9876543210"
-    assert gpu_tests.test_name("tests/t.py::a[1]") == "a[1]"
 
 
 PLAIN = """# header, git 00000000000c
