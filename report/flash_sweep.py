@@ -156,8 +156,10 @@ FACTS = {
         "impl == 'triton' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
     "flash.sweep_cudnn_tflops_d64_fwd": (lambda: sweep_rows().query(
         "impl == 'sdpa' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
-    **{f"flash.sweep_vs_naive_{dt}_{n // 1024}k": (lambda dt=dt, n=n: _vs_naive(dt, n), ".1f")
-       for dt in ("bf16", "fp32") for n in (16384, 65536)},
+    **{f"flash.sweep_vs_naive_bf16_{n // 1024}k": (lambda n=n: _vs_naive("bf16", n), ".1f") for n in (16384, 65536)},
+    **{f"flash.sweep_vs_naive_fp32_{n // 1024}k": (lambda n=n: _vs_naive("fp32", n), ".2f") for n in (16384, 65536)},
+    **{f"flash.sweep_ours_fp32_d128_{n // 1024}k_ms": (lambda n=n: _ms("triton", "fp32", 128, n, "fwd_bwd"), ".0f")
+       for n in (32768, 65536)},
     "flash.sweep_mem_naive_fp32_gb": (lambda: _peak_gb("naive", "fp32"), ".0f"),
     "flash.sweep_mem_ours_fp32_gb": (lambda: _peak_gb("triton", "fp32"), ".2f"),
     "flash.sweep_oom_cells": (lambda: int((sweep_rows().status == "oom").sum()), "d"),

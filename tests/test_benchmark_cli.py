@@ -196,7 +196,7 @@ def test_attention_oom_checks_run_each_cell_in_a_fresh_process_on_cpu(tmp_path):
 
 
 def test_the_allocator_oom_message_is_parsed_into_mib():
-    from cs336_systems.profiling.attention_oom import parse_oom_message
+    from cs336_systems.bench.oom import parse_oom_message
 
     message = ("CUDA out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
                "of which 7.50 GiB is free. Including non-PyTorch memory, this process has 132.30 GiB memory "
@@ -268,3 +268,16 @@ def test_a_sweep_whose_cells_fail_exits_1_so_bench_all_reports_it(tmp_path, monk
     assert bench_main(argv) == 1
     assert "1 of 1 cells failed" in capsys.readouterr().err
     assert [r["status"] for r in rows(tmp_path / "end-to-end" / "timings" / "cpu.jsonl")] == ["error"]
+
+
+def test_memory_remeasure_measures_stored_cells_again(tmp_path):
+    # Without --remeasure a stored cell (an OOM row included) is skipped; with it the cell is measured
+    # again and a new row appended (readers keep the newest).
+    from cs336_systems.profiling import memory_sweep
+
+    argv = ["--size", "tiny", "--contexts", "16", "--dtypes", "fp32", "--modes", "train", "--device", "cpu",
+            "--results-dir", str(tmp_path)]
+    assert memory_sweep.main(argv) == 0 and memory_sweep.main(argv) == 0
+    assert len(rows(tmp_path / "memory" / "peaks" / "cpu.jsonl")) == 1
+    assert memory_sweep.main([*argv, "--remeasure"]) == 0
+    assert len(rows(tmp_path / "memory" / "peaks" / "cpu.jsonl")) == 2

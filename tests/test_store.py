@@ -73,6 +73,8 @@ def test_oom_is_a_result_and_errors_are_retried(tmp_path):
     run_sweep(store, [{"n": n} for n in range(3)], measure)
     status = {r["n"]: r["status"] for r in store.rows()}
     assert status == {0: "ok", 1: "oom", 2: "error"}
+    oom = next(r for r in store.rows() if r["n"] == 1)
+    assert oom["tried_mib"] == 8 * 1024  # the message's request, in MiB: by how much it missed
     assert store.has({"n": 1}) and not store.has({"n": 2})  # the error row is measured again
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .oom import oom_details
 from .store import ResultStore
 
 Cell = Mapping[str, Any]
@@ -79,7 +80,7 @@ def run_sweep(store: ResultStore, cells: Iterable[Cell], measure: Callable[[Cell
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row
             if is_oom(exc):
-                written.append(store.append(cell, status="oom", error="CUDA out of memory"))
+                written.append(store.append(cell, oom_details(exc), status="oom", error="CUDA out of memory"))
             else:
                 msg = f"{type(exc).__name__}: {exc}"
                 written.append(store.append(cell, status="error", error=msg))

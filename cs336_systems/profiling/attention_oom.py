@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from cs336_systems.bench.cli import Parser, at_least, csv_of, positive
+from cs336_systems.bench.oom import MIB, parse_oom_message
 from cs336_systems.bench.sweep import EXIT_INCOMPLETE, exit_code
 from cs336_systems.bench.timing import synchronize
 
@@ -39,30 +39,6 @@ from .budget import check_device, open_store
 
 KEY = ["batch", "d", "seq", "alloc_conf"]
 DEFAULT = "default"  # PYTORCH_CUDA_ALLOC_CONF unset
-MIB = 2**20
-# "Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which 7.5 GiB is free. ...
-#  Of the allocated memory 128.0 GiB is allocated by PyTorch, and 3.6 GiB is reserved by PyTorch but
-#  unallocated."
-MESSAGE_FIELDS = {
-    "tried_mib": r"Tried to allocate ([\d.]+) ([KMG]iB)",
-    "capacity_mib": r"total capacity of ([\d.]+) ([KMG]iB)",
-    "free_mib": r"of which ([\d.]+) ([KMG]iB) is free",
-    "process_in_use_mib": r"this process has ([\d.]+) ([KMG]iB) memory in use",
-    "allocated_by_pytorch_mib": r"([\d.]+) ([KMG]iB) is allocated by PyTorch",
-    "reserved_unallocated_mib": r"([\d.]+) ([KMG]iB) is reserved by PyTorch but unallocated",
-}
-UNIT_MIB = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
-
-
-def parse_oom_message(message: str) -> dict[str, float | None]:
-    """The sizes in a CUDA allocator OOM message, in MiB (None where the message lacks one)."""
-    out: dict[str, float | None] = {}
-    for field, pattern in MESSAGE_FIELDS.items():
-        m = re.search(pattern, message)
-        out[field] = float(m.group(1)) * UNIT_MIB[m.group(2)] if m else None
-    return out
-
-
 def _memory(cuda: bool) -> dict[str, float | None]:
     if not cuda:
         return {"allocated_mib": None, "reserved_mib": None, "peak_allocated_mib": None, "peak_reserved_mib": None}

@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshot-dir", type=Path, default=None,
                    help="where the snapshot pickles go while they are analysed (default: a private "
                         "temporary directory, removed at the end)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure the selected cells again even if stored (an OOM row included); the old "
+                        "rows stay in the file, readers keep the newest")
     add_common(p)
     args = p.parse_args(argv)
     check_device(p, args)
@@ -127,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     residual = open_store(p, "memory/residual", KEY, args)
     cells = [{"size": args.size, "context": c, "mode": m, "dtype": d, "batch": 4}
              for c in args.contexts for d in args.dtypes for m in args.modes]
+    if args.remeasure:
+        for cell in cells:
+            peaks.forget(cell)
     snap_cells = set(args.snapshot_cells)
     models = ModelCache(args.device)
     # A private directory (mode 0700, a fresh name) rather than a fixed shared path: no other user
