@@ -9,6 +9,7 @@ import pandas as pd
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.profiling.memory import residual_stream_bytes
 from report.profiling import newest, ok, register, with_source
+from report.results import load_results
 
 MiB = 2**20
 SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures
@@ -27,14 +28,42 @@ def peak(context: int, mode: str, dtype: str, column: str = "peak_mib") -> float
     return float(peaks().loc[(context, mode, dtype), column])
 
 
+def cells() -> pd.DataFrame:
+    """Newest row per (context, mode, dtype), whatever its status (an OOM included)."""
+    return newest(load_results("memory/peaks"), KEY).set_index(KEY).sort_index()
+
+
+def oom(context: int, mode: str, dtype: str) -> pd.Series:
+    """An out-of-memory cell's row: what the allocator held when the request failed, and the request."""
+    r = cells().loc[(context, mode, dtype)]
+    if r.status != "oom":
+        raise ValueError(f"memory/peaks: {context}/{mode}/{dtype} is {r.status}, not an OOM")
+    return r
+
+
+def needed_at_least_mib(context: int, mode: str, dtype: str) -> float:
+    """A lower bound on what an OOM cell needed: allocated at the failure plus the failed request."""
+    r = oom(context, mode, dtype)
+    return r.allocated_by_pytorch_mib + r.tried_mib
+
+
+def _peak_text(r: pd.Series) -> str:
+    if r.status == "ok":
+        return f"{r.peak_mib:,.0f}"
+    if r.status == "oom":
+        return f"OOM (> {r.allocated_by_pytorch_mib + r.tried_mib:,.0f})"
+    return r.status
+
+
 def peaks_table() -> str:
-    """(b): two numbers per context (forward, full step), in fp32 and bf16."""
-    m = peaks()
-    rows = [{"context": ctx, **{f"{label}, {dt} (MiB)": m.loc[(ctx, mode, dt), "peak_mib"]
+    """(b): two numbers per context (forward, full step), in fp32 and bf16; a step that did not fit
+    shows the least it needed (allocated when it failed + what it asked for)."""
+    m = cells()
+    rows = [{"context": ctx, **{f"{label}, {dt} (MiB)": _peak_text(m.loc[(ctx, mode, dt)])
                                 for mode, label in (("forward", "forward only"), ("train", "full step"))
                                 for dt in ("fp32", "bf16")}}
             for ctx in sorted(m.index.get_level_values("context").unique())]
-    return with_source(pd.DataFrame(rows), "memory/peaks", floatfmt=",.0f")
+    return with_source(pd.DataFrame(rows), "memory/peaks", formats={"context": ","})
 
 
 def start_table() -> str:
@@ -43,7 +72,7 @@ def start_table() -> str:
     shown = m[["mode", "dtype", "context", "before_mib", "peak_mib", "extra_mib", "peak_reserved_mib"]].rename(
         columns={"before_mib": "allocated before (MiB)", "peak_mib": "peak (MiB)",
                  "extra_mib": "peak - before (MiB)", "peak_reserved_mib": "reserved peak (MiB)"})
-    return with_source(shown, "memory/peaks", floatfmt=",.0f")
+    return with_source(shown, "memory/peaks", used=m, floatfmt=",.0f")
 
 
 # ---- the hand counts --------------------------------------------------------------------------------
@@ -136,6 +165,14 @@ FACTS = {
     + " and " + _mib(peak(512, "forward", "fp32", "extra_mib")),
     "memory.fwd_extra_128_bf16_mib": lambda: _mib(peak(128, "forward", "bf16", "extra_mib")),
     "memory.fwd_extra_128_mib": lambda: _mib(peak(128, "forward", "fp32", "extra_mib")),
+    "memory.fwd_peak_2048_mib": lambda: _mib(peak(2048, "forward", "fp32")),
+    "memory.fwd_peak_2048_bf16_mib": lambda: _mib(peak(2048, "forward", "bf16")),
+    "memory.train_2048_allocated_mib": lambda: _mib(oom(2048, "train", "fp32").allocated_by_pytorch_mib),
+    "memory.train_2048_free_mib": lambda: _mib(oom(2048, "train", "fp32").free_mib),
+    "memory.train_2048_needed_bf16_mib": lambda: _mib(needed_at_least_mib(2048, "train", "bf16")),
+    "memory.train_2048_tried_mib": lambda: _mib(oom(2048, "train", "fp32").tried_mib),
+    "memory.capacity_mib": lambda: _mib(oom(2048, "train", "fp32").capacity_mib),
+    "memory.score_2048_layers_gib": lambda: f"{tensor_sizes_mib(2048)['score'] * get_config(SIZE).num_layers / 1024:g}",
     "memory.timeline_offset_mib": lambda: _mib(peak(512, "train", "fp32", "before_mib")
                                                - peak(512, "train", "fp32", "timeline_start_gib") * 1024),
     "memory.ffn_weight_mib": lambda: f"{ffn_weight_mib():g}",

@@ -1,6 +1,6 @@
 """Memory of the 2.7B model (problem memory_profiling): `just bench memory`.
 
-Context {128, 256, 512} x forward-only (inference) / full train step x fp32 / bf16 autocast.
+Context {128, 256, 512, 2048} x forward-only (inference) / full train step x fp32 / bf16 autocast.
 Each cell runs one untimed step first (so a train cell's measured step starts from the steady
 state: weights, Adam moments and last step's gradients resident), then one measured step.
 Rows: results/memory/peaks/ (MiB = bytes / 1024^2). For the snapshot cells (default: context 512
@@ -108,7 +108,8 @@ def snapshot_cell(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="memory", description=__doc__.splitlines()[0])
     p.add_argument("--size", default="2.7B", choices=[*PRESETS, *PRESETS_EXTRA])
-    p.add_argument("--contexts", type=csv_of(at_least(1)), default=[128, 256, 512])
+    # 128-512: the 2025 edition's; 2,048: the 2026 edition's (where the training step does not fit)
+    p.add_argument("--contexts", type=csv_of(at_least(1)), default=[128, 256, 512, 2048])
     p.add_argument("--modes", type=csv_of(choices=MODES), default=["forward", "train"])
     p.add_argument("--dtypes", type=csv_of(choices=list(DTYPES)), default=["fp32", "bf16"])
     p.add_argument("--snapshot-cells", type=csv_of(snapshot_cell, allow_empty=True),

@@ -1,4 +1,4 @@
-"""Claims of docs/memory.md over the committed results (2.7B, batch 4, contexts 128 to 512)."""
+"""Claims of docs/memory.md over the committed results (2.7B, batch 4, contexts 128 to 2,048)."""
 
 from __future__ import annotations
 
@@ -82,3 +82,24 @@ def test_training_step_adds_weight_sized_buffers_from_backward_and_adamw():
     assert set(ffn.phases) == {"backward", "optimizer"}
     assert (ffn["count"] == 3 * layers).all()
     assert ffn[ffn.phases == "optimizer"]["site"].str.contains("optim.py").all()
+
+
+def test_at_2048_the_forward_fits_and_no_training_step_does():
+    # (b) answer: "At context 2,048 the forward peaks at ... MiB, and a training step does not fit on
+    # the H200 at all: with ... MiB allocated, its request for ... MiB more found only ... MiB of the
+    # GPU's ... free"; (c): "the bf16 training step does not fit either (more than ... MiB)";
+    # "At context 2,048 the same holds" (bf16 forward above fp32's).
+    for dtype in ("fp32", "bf16"):
+        r = m.oom(2048, "train", dtype)
+        assert r.free_mib < r.tried_mib and r.allocated_by_pytorch_mib < r.capacity_mib
+        assert m.peak(2048, "forward", dtype) < m.needed_at_least_mib(2048, "train", dtype)
+    assert m.peak(2048, "forward", "bf16") > m.peak(2048, "forward", "fp32")
+
+
+def test_the_failed_request_at_2048_was_one_score_matrix():
+    # (b): "The failed request was ... MiB, exactly one attention score matrix at this context
+    # (4 x 32 x 2048^2 x 4 bytes)"; "... GiB over 32 layers"
+    cfg = get_config("2.7B")
+    assert cfg.num_heads == 32 and cfg.num_layers == 32
+    for dtype in ("fp32", "bf16"):
+        assert m.oom(2048, "train", dtype).tried_mib == m.tensor_sizes_mib(2048)["score"] == 4 * 32 * 2048**2 * 4 / 2**20
