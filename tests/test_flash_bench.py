@@ -293,3 +293,25 @@ def test_leaderboard_clock_summary():
                        [1.5, 1850.0, 1980.0, None, 56.0]]
     assert leaderboard.clock_summary(sampler) == {"sm_mhz_median": 1850.0, "sm_mhz_min": 1800.0, "power_w_median": 675.0}
     assert leaderboard.clock_summary(ClockSampler()) == {"sm_mhz_median": None, "sm_mhz_min": None, "power_w_median": None}
+
+
+def test_table_counts_fp32_rows_only_if_their_dots_were_true_fp32():
+    """The table serves PyTorch's default fp32 setting (true fp32 dots): an fp32 row timed with TF32
+    dots, or from before rows said (no `fp32_dots`), times other kernels and is ignored, however fast."""
+    key = "fp32-d64-causal-medium"
+
+    def row(config, ms, run, **dots):
+        return {"key": key, "kernel": "fwd", "config": config, "ms": ms, "run": run, "status": "ok", **dots}
+    ieee, tf32 = {"block_m": 32}, {"block_m": 128}
+    assert tune.choose([row(tf32, 0.1, "1")])["fwd"] == {}  # before the field existed: the TF32 era
+    assert tune.choose([row(tf32, 0.1, "2", fp32_dots="tf32"), row(ieee, 0.5, "1", fp32_dots="ieee")])["fwd"][key] == ieee
+    bf16 = {**row(tf32, 0.1, "1"), "key": "bf16-d64-causal-medium"}  # not fp32: no field needed
+    assert tune.choose([bf16])["fwd"]["bf16-d64-causal-medium"] == tf32
+
+
+def test_tune_shapes_filter_by_dtype_and_tune_fp32_at_the_medium_shape_only():
+    fp32 = tune.tune_shapes("sweep", ("fp32",))
+    assert fp32 and all(s[4] == "fp32" and s[0].endswith("-medium") and s[2] == 16384 for s in fp32)
+    assert {s[3] for s in fp32} == {16, 32, 64, 128}
+    assert all(s[4] == "bf16" for s in tune.tune_shapes(None, ("bf16",)))
+    assert tune.tune_shapes(None) == tune.tune_shapes(None, ("bf16", "fp32"))

@@ -1,6 +1,6 @@
 """Choose tile sizes / warps / stages for the FlashAttention-2 kernels by measurement.
 
-    just bench flash-tune tune [--only leaderboard|sweep|grid] [--kinds ...] [--write]
+    just bench flash-tune tune [--only leaderboard|sweep|grid] [--dtypes bf16,fp32] [--kinds ...] [--write]
     just bench flash-tune write-table
 
 For each table key (dtype, padded head dim, mask, size class) at a representative shape, every
@@ -33,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.bench.cli import Parser
+from cs336_systems.bench.cli import Parser, csv_of
 from cs336_systems.bench.store import ResultStore
 
+from ...flash_launch import dot_precision
 from ...tiles import BwdConfig, heuristic_bwd, heuristic_fwd
 from ..plans import BwdPlan, FwdPlan, bwd_fields, fwd_fields
 from ..table import key_is_causal, table_key
@@ -63,18 +64,26 @@ KINDS = ("fwd", "fwd_ws", "dkdv", "dq", "onepass", "ws", "fused")
 
 # (key, Z, N, d, dtype, wide search); the mask is the key's (`key_is_causal`). Z stands for
 # batch x heads (the problem is (Z, 1, N, d)). The leaderboard shape stands for bf16-d64-causal-large.
-def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
+def tune_shapes(only: str | None, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> list[tuple[str, int, int, int, str, bool]]:
+    """The (key, Z, N, d, dtype, wide) shapes `only` names, those of `dtypes`."""
+    return [s for s in _all_shapes(only) if s[4] in dtypes]
+
+
+def _all_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
     leaderboard = (table_key(torch.bfloat16, 64, True, "large"), 16, 16384, 64, "bf16", True)
     shapes = [leaderboard] if only in (None, "leaderboard") else []
     if only in (None, "sweep"):
         # Small launches (a few programs) are latency-bound: they borrow the medium entry. The
         # leaderboard's key is tuned at the leaderboard's shape only (`--only sweep` leaves it alone).
-        for dt, d, (size, n) in itertools.product(("bf16", "fp32"), (16, 32, 64, 128),
-                                                  (("medium", 16384), ("large", 65536))):
-            # the key names the dtype itself (not DTYPES, which the interpreter's dry run remaps)
-            key = table_key({"bf16": torch.bfloat16, "fp32": torch.float32}[dt], d, True, size)
-            if key != leaderboard[0]:
-                shapes.append((key, 1, n, d, dt, False))
+        # fp32 is tuned at the medium shape only and its large launches borrow that plan: with
+        # true-fp32 dots a candidate at 65,536 takes up to seconds a call, and there are hundreds.
+        sizes = {"bf16": (("medium", 16384), ("large", 65536)), "fp32": (("medium", 16384),)}
+        for dt, d in itertools.product(("bf16", "fp32"), (16, 32, 64, 128)):
+            for size, n in sizes[dt]:
+                # the key names the dtype itself (not DTYPES, which the interpreter's dry run remaps)
+                key = table_key({"bf16": torch.bfloat16, "fp32": torch.float32}[dt], d, True, size)
+                if key != leaderboard[0]:
+                    shapes.append((key, 1, n, d, dt, False))
     if only in (None, "grid"):
         # The flash-grid's shapes (bf16, d 64/128, 16 or 32 heads, 1k-32k): the non-causal keys at a
         # middle shape of their size class (16 x 2,048; 32 x 8,192), and the training step's
@@ -83,6 +92,19 @@ def tune_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
             shapes.append((table_key(torch.bfloat16, d, False, size), Z, n, d, "bf16", False))
         shapes.append((table_key(torch.bfloat16, 128, True, "huge"), 32, 32768, 128, "bf16", True))
     return shapes
+
+
+def _dots(dtype: torch.dtype) -> dict[str, str]:
+    """An fp32 row's `fp32_dots`: the precision its tl.dots ran in ("ieee" or "tf32", PyTorch's
+    setting at the time: flash_launch.dot_precision). Other dtypes' rows do not depend on it."""
+    return {"fp32_dots": dot_precision(dtype)} if dtype == torch.float32 else {}
+
+
+def _timed_the_table_kernels(row: dict) -> bool:
+    """Whether a row timed kernels the table serves. The table serves PyTorch's default fp32 setting,
+    true fp32 dots; fp32 rows without `fp32_dots` were timed before the kernels followed that setting,
+    when every fp32 dot ran as TF32 (Triton's default), so they describe other kernels."""
+    return not str(row.get("key", "")).startswith("fp32") or row.get("fp32_dots") == "ieee"
 
 
 # -- work done for one candidate, in a worker (precompile) or in the timing process -------------
@@ -154,7 +176,8 @@ def time_candidates(store: ResultStore, run: str, key: str, Z: int, N: int, d: i
     tol = 1e-2 if dtype == torch.float32 else 3e-2
     results = []
     for config in configs:
-        cfg = {"key": key, "kernel": kind, "config": _fields(kind, config), "run": run, "Z": Z, "seq": N, "d": d, "dtype": dt}
+        cfg = {"key": key, "kernel": kind, "config": _fields(kind, config), "run": run, "Z": Z, "seq": N, "d": d, "dtype": dt,
+               **_dots(dtype)}
         error = errors[(kind, config, Z, N, d, dt, causal)]
         if error:
             store.append(cfg, status="unsupported", error=error)
@@ -192,7 +215,7 @@ def confirm(store: ResultStore, run: str, key: str, Z: int, N: int, d: int, dt: 
             ms = gpu_bench(fn, warmup_ms=10, rep_ms=60 if wide else 30)
             ts.append(ms)
             store.append({"key": key, "kernel": kind, "config": _fields(kind, c), "run": run, "Z": Z, "seq": N, "d": d,
-                          "dtype": dt, "phase": "confirm", "round": r}, {"ms": ms})
+                          "dtype": dt, **_dots(DTYPES[dt]), "phase": "confirm", "round": r}, {"ms": ms})
     confirmed = sorted(((statistics.median(ts), c) for c, ts in zip(top, times)), key=lambda mc: mc[0])
     return confirmed + ranked[CONFIRM_TOP:]
 
@@ -255,7 +278,9 @@ def choose(rows: list[dict]) -> dict[str, dict[str, dict]]:
     `gluon_ws` added where its best beat all of those (the Triton fields stay: they run the inputs
     the Gluon kernel does not take). Only each (key, kernel)'s latest tuning run counts; where it
     has confirmation rounds, their medians decide (single timings otherwise). Where a key has rows
-    at its own shape (`tune_shapes`), rows at other shapes do not count."""
+    at its own shape (`tune_shapes`), rows at other shapes do not count. fp32 rows count only if
+    their dots were true fp32 (`_timed_the_table_kernels`)."""
+    rows = [r for r in rows if _timed_the_table_kernels(r)]
     shape_of = {key: (Z, N) for key, Z, N, *_ in tune_shapes(None)}
     at_own = lambda r: (r.get("Z"), r.get("seq")) == shape_of.get(r.get("key"))  # noqa: E731
     own_keys = {r["key"] for r in rows if at_own(r)}
@@ -322,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     t = sub.add_parser("tune", help="measure candidates on this GPU")
     t.add_argument("--only", choices=["leaderboard", "sweep", "grid"], default=None)
+    t.add_argument("--dtypes", type=csv_of(choices=list(DTYPES)), default=list(DTYPES),
+                   help="tune the keys of these dtypes only (comma-separated)")
     t.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     t.add_argument("--write", action="store_true", help="regenerate tuned_configs.py afterwards")
     t.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
@@ -344,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     store = ResultStore(BENCH, key=["key", "kernel", "config", "run"], root=args.results_dir)
     if args.workers > 1:
         with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            tune(store, tune_shapes(args.only), pool, args.write, tuple(args.kinds))
+            tune(store, tune_shapes(args.only, tuple(args.dtypes)), pool, args.write, tuple(args.kinds))
     else:
-        tune(store, tune_shapes(args.only), None, args.write, tuple(args.kinds))
+        tune(store, tune_shapes(args.only, tuple(args.dtypes)), None, args.write, tuple(args.kinds))
     return 0
