@@ -205,9 +205,10 @@ def test_every_attention_gpu_test_passed_or_skipped_in_one_run():
                        "tests/test_onepass_ws.py::test_gpu_gradients_match_the_reference"}
 
 
-def test_the_tested_attention_code_differs_from_the_grids_only_in_a_warning_and_a_cache_key():
-    # "(git ..., whose attention code differs from the grid's only in a warning for untuned shapes
-    # and in the direct launch's cache key)": from the history, where this clone has it.
+def test_the_tested_attention_code_differs_from_the_grids_only_in_a_warning_a_cache_key_and_fp32_plans():
+    # "(git ..., whose attention code differs from the grid's only in a warning for untuned shapes,
+    # the direct launch's cache key, the tuner and the table's fp32 plans; the grid is bf16)": from the history,
+    # where this clone has it.
     tested, grid = gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]), flash_grid.newest_git()
     try:
         diff = subprocess.run(["git", "diff", "--name-only", grid, tested, "--", "cs336_systems/attention"],
@@ -216,8 +217,18 @@ def test_the_tested_attention_code_differs_from_the_grids_only_in_a_warning_and_
         pytest.skip("git is not installed")
     if diff.returncode != 0:
         pytest.skip(f"commits {grid} and {tested} are not in this clone's history (a shallow clone?)")
-    assert sorted(diff.stdout.split()) == ["cs336_systems/attention/fast/direct_launch.py",
-                                           "cs336_systems/attention/fast/table.py"]
+    table = "cs336_systems/attention/fast/tuned_configs.py"
+    assert set(diff.stdout.split()) == {"cs336_systems/attention/fast/direct_launch.py",
+                                        "cs336_systems/attention/fast/table.py",
+                                        "cs336_systems/attention/fast/tuning/tune.py", table}
+    tables = []
+    for rev in (grid, tested):
+        scope: dict = {}
+        exec(subprocess.run(["git", "show", f"{rev}:{table}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            check=True).stdout, scope)
+        tables.append({kind: {k: v for k, v in entries.items() if not k.startswith("fp32")}
+                       for kind, entries in scope["TUNED"].items()})
+    assert tables[0] == tables[1]  # every plan the bf16 grid runs is the same
 
 
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
