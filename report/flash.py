@@ -136,9 +136,11 @@ def leaderboard_figure():
 def gpu_test_summary(log: str = gpu_tests.NEWEST_RUNS[-1]) -> tuple[str, str]:
     """(pytest's last summary line, the log's header) of a committed GPU test log."""
     text = (REPO_ROOT / "results" / "attention" / "flash_gpu_tests" / log).read_text()
-    header = " ".join(line.lstrip("# ").strip() for line in text.splitlines()[:2])
-    summary = [line.strip() for line in text.splitlines() if re.search(r"\d+ (passed|failed)", line)]
-    return summary[-1], header
+    header = "; ".join(line.lstrip("# ").strip().rstrip(";") for line in text.splitlines()[:2])
+    summary = [line.strip("= \n") for line in text.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    # "471 passed, 26 skipped, 163 warnings in 233.29s (0:03:53)" -> "471 passed, 26 skipped":
+    # the outcomes; warnings and wall time say nothing about them
+    return re.sub(r"(, \d+ warnings?)? in [\d.]+s.*$", "", summary[-1]), header
 
 
 # -- facts ----------------------------------------------------------------------------------------
