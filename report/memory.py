@@ -105,9 +105,12 @@ def tensor_sizes_mib(context: int = 512) -> dict[str, float]:
 
 # ---- the snapshot: largest allocations and the residual stream -------------------------------------------
 
-def largest(mode: str) -> pd.DataFrame:
+SNAPSHOT_CONTEXT = 512  # the snapshot cells the chapter reads (fp32)
+
+
+def largest(mode: str, context: int = SNAPSHOT_CONTEXT) -> pd.DataFrame:
     df = newest(ok("memory/largest"), [*KEY, "rank"])
-    return df[df["mode"] == mode].sort_values("rank").reset_index(drop=True)
+    return df[(df["mode"] == mode) & (df.context == context)].sort_values("rank").reset_index(drop=True)
 
 
 def largest_table(mode: str, n: int = 10) -> str:
@@ -117,15 +120,15 @@ def largest_table(mode: str, n: int = 10) -> str:
     return with_source(shown, "memory/largest", used=df)
 
 
-def residual(mode: str = "forward"):
+def residual(mode: str = "forward", context: int = SNAPSHOT_CONTEXT):
     r = newest(ok("memory/residual"), KEY)
-    return r[r["mode"] == mode].iloc[-1]
+    return r[(r["mode"] == mode) & (r.context == context)].iloc[-1]
 
 
 def residual_sites_table(mode: str = "forward") -> str:
     r = residual(mode)
     shown = pd.DataFrame([{"allocated at": f"`{site}`", "allocations": n} for site, n in r.sites])
-    return with_source(shown, "memory/residual", used=newest(ok("memory/residual"), KEY))
+    return with_source(shown, "memory/residual", used=pd.DataFrame([r]))
 
 
 def residual_adds(mode: str = "forward") -> int:

@@ -219,10 +219,14 @@ def test_timeline_starts_from_memory_allocated_before_recording():
     assert tl["phases"] == [("forward", 0), ("backward", 3)]
 
 
-def test_render_timeline_writes_a_png_and_reports_the_peak(tmp_path):
-    out = memory.render_timeline(synthetic_snapshot(), tmp_path / "t.png", title="synthetic")
-    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert out["peak_gib"] == pytest.approx(1600 / 2**30)
+def test_timeline_series_keeps_every_event_or_the_peak_of_each_run():
+    full = memory.timeline_series(synthetic_snapshot())
+    gib = [b / 2**30 for b in (1000, 1100, 1300, 1600, 1300, 1100, 1000)]  # start, then each event
+    assert full["event"] == list(range(7)) and full["gib"] == pytest.approx(gib)
+    assert full["phases"] == [["forward", 0], ["backward", 3]] and full["events"] == 6
+    assert full["peak_gib"] == pytest.approx(1600 / 2**30) and full["start_gib"] == pytest.approx(1000 / 2**30)
+    thin = memory.timeline_series(synthetic_snapshot(), points=3)  # runs of 3 events: their maxima
+    assert thin["event"] == [0, 3, 6] and thin["gib"] == pytest.approx([1300 / 2**30, 1600 / 2**30, 1000 / 2**30])
 
 
 def test_largest_allocations_name_the_allocating_line_and_phase():

@@ -113,7 +113,8 @@ def build_parser() -> Parser:
     p.add_argument("--compile", action="store_true", help="torch.compile the whole model")
     p.add_argument("--attention", default="naive", help=f"one of {', '.join(ATTENTION_IMPLS)}")
     p.add_argument("--memory-snapshot", type=Path, metavar="PATH",
-                   help="record allocator history over the measured steps; write PATH (a pickle) and its timeline as PATH with suffix .png")
+                   help="record allocator history over the measured steps; write PATH, a pickle that "
+                        "pytorch.org/memory_viz opens")
     p.add_argument("--profile", help="nvtx (ranges for nsys) or torch (torch.profiler tables + trace)")
     p.add_argument("--trace", type=Path, help="Chrome trace path for --profile torch")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace, cfg: ModelConfig) -> dict[str, Any]:
         if args.memory_snapshot:
             from .memory import record_snapshot
 
-            snapshot = record_snapshot(args.memory_snapshot, render=True)
+            snapshot = record_snapshot(args.memory_snapshot)
         metrics = measure(model, cfg, range_kind=args.profile if args.profile == "nvtx" else None,
                           snapshot=snapshot, **common)
         if args.profile == "torch":

@@ -1,13 +1,14 @@
-"""Memory snapshots (problem memory_profiling): capture, render, and read the largest allocations.
+"""Memory snapshots (problem memory_profiling): capture, reduce to a timeline, and read the largest
+allocations.
 
 Capture: torch.cuda.memory._record_memory_history around the measured region, then our own dump
-(the allocator's snapshot dict plus the bytes allocated at the end and the phase markers). Render:
-the active-memory timeline as a PNG with matplotlib, from the snapshot alone, so the site shows
-the picture without pytorch.org/memory_viz. Read: the largest allocations with the line of our code
-that made them.
+(the allocator's snapshot dict plus the bytes allocated at the end and the phase markers). Reduce:
+the active-memory timeline from the snapshot alone, as a series the sweep stores with its results
+(the site draws it, without pytorch.org/memory_viz). Read: the largest allocations with the line of
+our code that made them.
 
 Phases are marked in the allocator's own trace: at the start of each phase the step allocates and
-frees a tiny buffer of a size no model tensor has (MARKERS), so the renderer can shade forward,
+frees a tiny buffer of a size no model tensor has (MARKERS), so a timeline can shade forward,
 backward and optimizer without trusting clocks or thread-dependent stack traces.
 """
 
@@ -39,9 +40,9 @@ def phase_marker(name: str) -> None:
 
 # --8<-- [start:record_snapshot]
 @contextlib.contextmanager
-def record_snapshot(path: str | Path, *, max_entries: int = 1_000_000,
-                    render: bool = False, title: str | None = None) -> Iterator[dict]:
-    """Record every allocation (with its Python stack) inside the block; pickle the snapshot to path.
+def record_snapshot(path: str | Path, *, max_entries: int = 1_000_000) -> Iterator[dict]:
+    """Record every allocation (with its Python stack) inside the block; pickle the snapshot to path
+    (pytorch.org/memory_viz opens it).
 
     The yielded dict receives `peak_bytes` (allocator peak inside the block) after the block ends.
     """
@@ -61,8 +62,6 @@ def record_snapshot(path: str | Path, *, max_entries: int = 1_000_000,
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             pickle.dump(snap, f)
-        if render:
-            render_timeline(snap, path.with_suffix(".png"), title=title or path.stem)
 # --8<-- [end:record_snapshot]
 
 
@@ -105,41 +104,18 @@ def timeline(snapshot: dict, device: int = 0) -> dict[str, Any]:
 # --8<-- [end:timeline]
 
 
-def render_timeline(snapshot: dict, png: str | Path, *, title: str = "", device: int = 0) -> dict:
-    """Draw active memory (GiB) against allocator event index, phases shaded; returns a summary."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def timeline_series(snapshot: dict, *, points: int = 2000, device: int = 0) -> dict[str, Any]:
+    """The timeline as a stored result: active GiB against allocator event index, at most `points`
+    values (each the largest level in its run of events, so the peak survives the thinning), the
+    event index each value starts at, where each phase starts, and a summary. The report layer
+    draws it; nothing here draws."""
     tl = timeline(snapshot, device)
-    ys = [tl["start_bytes"], *tl["bytes"]]
-    gib = [b / 2**30 for b in ys]
-    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=110)
-    ax.fill_between(range(len(gib)), gib, step="post", color="#4c72b0", alpha=0.8, linewidth=0)
-    colors = {"forward": "#dd8452", "backward": "#55a868", "optimizer": "#c44e52"}
-    bounds = [*tl["phases"], ("end", len(gib))]
-    seen = set()
-    for (name, start), (_, stop) in zip(bounds, bounds[1:]):
-        label = name if name not in seen else None
-        seen.add(name)
-        ax.axvspan(start, stop, color=colors.get(name, "#999999"), alpha=0.15, label=label)
-    peak = max(range(len(gib)), key=gib.__getitem__)
-    left_half = peak < len(gib) / 2  # put the label on the side with room, inside the axes
-    ax.annotate(f"peak {gib[peak]:.1f} GiB", (peak, gib[peak]), textcoords="offset points",
-                xytext=(10 if left_half else -10, -14), ha="left" if left_half else "right", fontsize=8)
-    ax.set_xlabel("allocator event (alloc or free)")
-    ax.set_ylabel("active memory (GiB)")
-    ax.set_ylim(0, max(gib) * 1.12 if max(gib) > 0 else 1)
-    ax.set_xlim(0, len(gib))
-    ax.set_title(title, fontsize=10)
-    if seen:
-        ax.legend(loc="lower right", fontsize=8, ncols=3)
-    fig.tight_layout()
-    Path(png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png)
-    plt.close(fig)
-    return {"peak_gib": max(gib), "start_gib": gib[0], "end_gib": gib[-1], "events": len(gib) - 1}
+    gib = [b / 2**30 for b in (tl["start_bytes"], *tl["bytes"])]
+    step = max(1, -(-len(gib) // points))  # ceil: events per stored value
+    return {"event": list(range(0, len(gib), step)),
+            "gib": [max(gib[i:i + step]) for i in range(0, len(gib), step)],
+            "phases": [[name, index] for name, index in tl["phases"]],
+            "peak_gib": max(gib), "start_gib": gib[0], "end_gib": gib[-1], "events": len(gib) - 1}
 
 
 def _site(frames: list[dict], package: str = "cs336_systems") -> str:

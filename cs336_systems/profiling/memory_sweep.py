@@ -4,8 +4,9 @@ Context {128, 256, 512, 2048} x forward-only (inference) / full train step x fp3
 Each cell runs one untimed step first (so a train cell's measured step starts from the steady
 state: weights, Adam moments and last step's gradients resident), then one measured step.
 Rows: results/memory/peaks/ (MiB = bytes / 1024^2). For the snapshot cells (default: context 512
-fp32, forward and train) also the timeline PNG, the largest allocations with their source lines
-(results/memory/largest/) and the residual-stream check (results/memory/residual/).
+fp32, forward and train) also the active-memory timeline (results/memory/timeline/, which the site
+draws), the largest allocations with their source lines (results/memory/largest/) and the
+residual-stream check (results/memory/residual/).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from .memory import (
     load_snapshot,
     phase_marker,
     record_snapshot,
-    render_timeline,
     residual_stream_bytes,
+    timeline_series,
 )
 from .steps import DTYPES, MODES, make_optimizer, make_step, phase_ranges, random_batch
 
@@ -70,14 +71,12 @@ def measure_cell(model, cell, device, snapshot_path: Path | None) -> dict:
     return out
 
 
-def analyse_snapshot(cell, snapshot_path: Path, png_dir: Path, largest_store, residual_store) -> dict:
-    """Render the timeline and write the largest-allocations and residual-stream rows."""
+def analyse_snapshot(cell, snapshot_path: Path, timeline_store, largest_store, residual_store) -> dict:
+    """Store the timeline series and the largest-allocations and residual-stream rows."""
     snap = load_snapshot(snapshot_path)
-    name = f"2.7B-{cell['mode']}-ctx{cell['context']}-{cell['dtype']}"
-    summary = render_timeline(snap, png_dir / f"{name}.png",
-                              title=f"2.7B, context {cell['context']}, {cell['dtype']}, "
-                                    f"{'forward only (inference)' if cell['mode'] == 'forward' else 'full training step'}")
     key = {k: cell[k] for k in KEY}
+    series = timeline_series(snap)
+    timeline_store.append(key, series)
     for rank, row in enumerate(largest_allocations(snap, top=15)):
         largest_store.append({**key, "rank": rank, **row})
     cfg = get_config(cell["size"], cell["context"])
@@ -92,7 +91,7 @@ def analyse_snapshot(cell, snapshot_path: Path, png_dir: Path, largest_store, re
                            "half_precision_bytes": residual_stream_bytes(cell["batch"], cell["context"], cfg.d_model, 2),
                            "activation_elem_bytes": elem,
                            "sites": sorted(sites.items(), key=lambda kv: -kv[1])[:12]})
-    return {f"timeline_{k}": v for k, v in summary.items()} | {"png": f"{name}.png"}
+    return {f"timeline_{k}": series[k] for k in ("peak_gib", "start_gib", "end_gib", "events")}
 
 
 def snapshot_cell(text: str) -> str:
@@ -115,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshot-cells", type=csv_of(snapshot_cell, allow_empty=True),
                    default=["512/forward/fp32", "512/train/fp32"],
                    help="context/mode/dtype cells that also record a snapshot")
-    p.add_argument("--png-dir", type=Path, default=Path("docs/img/memory"))
     p.add_argument("--snapshot-dir", type=Path, default=None,
                    help="where the snapshot pickles go while they are analysed (default: a private "
                         "temporary directory, removed at the end)")
@@ -127,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     check_device(p, args)
     cuda = torch.device(args.device).type == "cuda"
     peaks = open_store(p, "memory/peaks", KEY, args)
+    timelines = open_store(p, "memory/timeline", KEY, args)
     largest = open_store(p, "memory/largest", [*KEY, "rank"], args)
     residual = open_store(p, "memory/residual", KEY, args)
     cells = [{"size": args.size, "context": c, "mode": m, "dtype": d, "batch": 4}
@@ -143,13 +142,13 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(cell):
             tag = f"{cell['context']}/{cell['mode']}/{cell['dtype']}"
-            return measure_with_snapshot(cell, args, models, snapshot_dir, largest, residual,
+            return measure_with_snapshot(cell, args, models, snapshot_dir, timelines, largest, residual,
                                          snap=cuda and tag in snap_cells)
 
         return run_budgeted(peaks, cells, run, budget_s=args.budget_s, desc="2.7B memory")
 
 
-def measure_with_snapshot(cell, args, models: ModelCache, snapshot_dir: Path, largest, residual, *,
+def measure_with_snapshot(cell, args, models: ModelCache, snapshot_dir: Path, timelines, largest, residual, *,
                           snap: bool) -> dict:
     """One cell's peaks; for a snapshot cell also its timeline and tables (the pickle is removed)."""
     model = models.get(cell["size"], max(args.contexts))
@@ -157,12 +156,12 @@ def measure_with_snapshot(cell, args, models: ModelCache, snapshot_dir: Path, la
     out = measure_cell(model, cell, args.device, path)
     if path is not None:
         try:
-            out |= analyse_snapshot(cell, path, args.png_dir, largest, residual)
+            out |= analyse_snapshot(cell, path, timelines, largest, residual)
         except Exception as exc:  # noqa: BLE001 - keep the peak even if the analysis breaks
             traceback.print_exc()
             out["snapshot_error"] = f"{type(exc).__name__}: {exc}"[:300]
         finally:
-            path.unlink(missing_ok=True)  # pickles are large; the PNG and tables are what we keep
+            path.unlink(missing_ok=True)  # pickles are large; the timeline and tables are what we keep
     return out
 
 
