@@ -8,6 +8,7 @@ import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.profiling.memory import residual_stream_bytes
+from report.figures import new_figure
 from report.profiling import newest, ok, register, with_source
 from report.results import load_results
 
@@ -103,7 +104,45 @@ def tensor_sizes_mib(context: int = 512) -> dict[str, float]:
             "ffn_weight": ffn_weight_mib(), "embedding": cfg.vocab_size * cfg.d_model * 4 / MiB}
 
 
-# ---- the snapshot: largest allocations and the residual stream -------------------------------------------
+# ---- the snapshot: the timeline, the largest allocations and the residual stream -------------------
+
+PHASE_COLORS = {"forward": "#dd8452", "backward": "#55a868", "optimizer": "#c44e52"}
+
+
+def timeline_row(context: int, mode: str, dtype: str = "fp32") -> pd.Series:
+    """The stored active-memory series of one snapshot cell (the newest)."""
+    t = newest(ok("memory/timeline"), KEY)
+    hit = t[(t.context == context) & (t["mode"] == mode) & (t.dtype == dtype)]
+    if hit.empty:
+        raise KeyError(f"memory/timeline: no timeline of {context}/{mode}/{dtype}; "
+                       f"`just bench memory --snapshot-cells {context}/{mode}/{dtype}` records one")
+    return hit.iloc[-1]
+
+
+def timeline_figure(context: int, mode: str, dtype: str = "fp32"):
+    """Active memory (GiB) against allocator event, phases shaded, the peak labelled."""
+    r = timeline_row(context, mode, dtype)
+    fig, ax = new_figure(9, 3.6)
+    ax.fill_between(r.event, r.gib, step="post", color="#4c72b0", alpha=0.8, linewidth=0)
+    bounds = [*map(tuple, r.phases), ("end", r.events)]
+    for (name, start), (_, stop) in zip(bounds, bounds[1:]):
+        ax.axvspan(start, stop, color=PHASE_COLORS.get(name, "#999999"), alpha=0.15, label=name)
+    i = max(range(len(r.gib)), key=r.gib.__getitem__)
+    left = r.event[i] < r.events / 2  # the label on the side with room, inside the axes
+    ax.annotate(f"peak {r.gib[i]:.1f} GiB", (r.event[i], r.gib[i]), textcoords="offset points",
+                xytext=(10 if left else -10, -14), ha="left" if left else "right", fontsize=8)
+    ax.set_xlabel("allocator event (alloc or free)")
+    ax.set_ylabel("active memory (GiB)")
+    ax.set_ylim(0, r.peak_gib * 1.12)
+    ax.set_xlim(0, r.events)
+    what = "forward only (inference)" if mode == "forward" else "full training step"
+    ax.set_title(f"{SIZE}, context {context:,}, {dtype}, {what}; git {r.git}", fontsize=10)
+    if len(r.phases):
+        ax.legend(loc="lower right", fontsize=8, ncols=3)
+    fig.tight_layout()
+    return fig
+
+
 
 SNAPSHOT_CONTEXT = 512  # the snapshot cells the chapter reads (fp32)
 
