@@ -196,7 +196,6 @@ FACTS = {  # name -> (function of nothing, format)
     "flash.lb_cudnn_fwd_min_ms": (lambda: per_run("fwd").cudnn.min(), ".3f"),
     "flash.lb_cudnn_fwd_max_ms": (lambda: per_run("fwd").cudnn.max(), ".3f"),
     "flash.gpu_tests": (lambda: gpu_test_summary()[0], "s"),
-    "flash.gpu_tests_header": (lambda: gpu_test_summary()[1], "s"),
     "flash.gpu_tests_git": (lambda: re.search(r"git ([0-9a-f]{7,40})", gpu_test_summary()[1]).group(1), "s"),
     "flash.gpu_tests_log": (lambda: f"`{(gpu_tests.LOG_DIR / gpu_tests.NEWEST_RUNS[-1]).relative_to(REPO_ROOT)}`", "s"),  # as code
     "flash.gpu_tests_gluon": (lambda: gpu_test_summary("nvidia-h200-gluon-kernels.log")[0], "s"),

@@ -126,15 +126,17 @@ def sweep_figure(dtype: str) -> plt.Figure:
 
 # -- facts ----------------------------------------------------------------------------------------
 
-def _peak_gb(impl: str, dtype: str) -> float:
+def _peak_gib(impl: str, dtype: str) -> float:
+    """Peak allocated at d = 64 and the largest n, forward+backward: GiB (the sweep's `peak_mem_gb`
+    column divides bytes by 2**30)."""
     df = sweep_rows()
     hit = df[(df.impl == impl) & (df.dtype == dtype) & (df.d == 64) & (df.seq == LARGEST) & (df["mode"] == "fwd_bwd")]
     return float(hit.peak_mem_gb.iloc[0])
 
 
-def _vs_naive(dtype: str, seq: int, d: int = 64) -> float:
-    """Our forward+backward's speed as a multiple of plain PyTorch's."""
-    return _ms("naive", dtype, d, seq, "fwd_bwd") / _ms("triton", dtype, d, seq, "fwd_bwd")
+def _vs_naive(dtype: str, seq: int, d: int = 64, mode: str = "fwd_bwd") -> float:
+    """Our speed as a multiple of plain PyTorch's (forward+backward unless `mode` says)."""
+    return _ms("naive", dtype, d, seq, mode) / _ms("triton", dtype, d, seq, mode)
 
 
 def _ours_fwd_bwd_small() -> pd.Series:
@@ -160,8 +162,11 @@ FACTS = {
     **{f"flash.sweep_vs_naive_bf16_{n // 1024}k": (lambda n=n: _vs_naive("bf16", n), ".1f") for n in (16384, 65536)},
     **{f"flash.sweep_vs_naive_fp32_{n // 1024}k": (lambda n=n: _vs_naive("fp32", n), ".2f") for n in (16384, 65536)},
     "flash.sweep_vs_naive_fp32_d128_64k": (lambda: _vs_naive("fp32", LARGEST, d=128), ".2f"),
-    "flash.sweep_mem_naive_fp32_gb": (lambda: _peak_gb("naive", "fp32"), ".0f"),
-    "flash.sweep_mem_ours_fp32_gb": (lambda: _peak_gb("triton", "fp32"), ".2f"),
+    "flash.sweep_vs_naive_fp32_d16_64k": (lambda: _vs_naive("fp32", LARGEST, d=16), ".1f"),
+    **{f"flash.sweep_fp32_d64_{m}_vs_naive": (lambda m=m: _vs_naive("fp32", LARGEST, mode=m), ".2f")
+       for m in ("fwd", "bwd")},
+    "flash.sweep_mem_naive_fp32_gib": (lambda: _peak_gib("naive", "fp32"), ".0f"),
+    "flash.sweep_mem_ours_fp32_gib": (lambda: _peak_gib("triton", "fp32"), ".2f"),
     "flash.sweep_oom_cells": (lambda: int((sweep_rows().status == "oom").sum()), "d"),
     "flash.sweep_pytorch_cells": (lambda: int(((sweep_rows().impl == "pytorch") & (sweep_rows().status == "ok")).sum()), "d"),
     "flash.sweep_pytorch_fwd_4k_ms": (lambda: _ms("pytorch", "bf16", 64, 4096, "fwd"), ".1f"),

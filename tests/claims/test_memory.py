@@ -103,3 +103,23 @@ def test_the_failed_request_at_2048_was_one_score_matrix():
     assert cfg.num_heads == 32 and cfg.num_layers == 32
     for dtype in ("fp32", "bf16"):
         assert m.oom(2048, "train", dtype).tried_mib == m.tensor_sizes_mib(2048)["score"] == 4 * 32 * 2048**2 * 4 / 2**20
+
+
+def test_bf16_raises_the_peak_everywhere_but_the_context_128_step():
+    # (c) answer: "No: here bf16 autocast raises the peak in every cell but one, the context-128
+    # training step, which is slightly lower." Cells where both dtypes fit.
+    lower = []
+    for (context, mode, dtype), r in m.peaks().iterrows():
+        if dtype == "bf16" and (context, mode, "fp32") in m.peaks().index:
+            if r.peak_mib <= m.peak(context, mode, "fp32"):
+                lower.append((context, mode))
+    assert lower == [(128, "train")]
+    assert m.peak(128, "train", "fp32") - m.peak(128, "train", "bf16") < 0.01 * m.peak(128, "train", "fp32")
+
+
+def test_at_2048_the_inference_extra_is_the_attention_scores():
+    # (b): "... and ... MiB at 2,048, where the attention scores ... take over": the extra above the
+    # weights grows more than 10x from 512 to 2,048 (4x the context, 16x the score matrix), and is
+    # larger than one score matrix.
+    extra_512, extra_2048 = (m.peak(c, "forward", "fp32", "extra_mib") for c in (512, 2048))
+    assert extra_2048 > 10 * extra_512 and extra_2048 > m.tensor_sizes_mib(2048)["score"]
