@@ -4,13 +4,17 @@ residual-stream check, from results/memory/; the hand counts from the model's co
 
 from __future__ import annotations
 
+import bisect
+import functools
+
 import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.profiling.memory import residual_stream_bytes
+from cs336_systems.profiling.residuals import block_parameter_bytes, block_residuals
 from report.figures import new_figure
 from report.profiling import newest, ok, register, with_source
-from report.results import load_results
+from report.results import load_results, markdown_table
 
 MiB = 2**20
 SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures
@@ -187,6 +191,46 @@ def residual_derivation() -> str:
 
 # ---- facts ---------------------------------------------------------------------------------------------
 
+# ---- (f): one block's residuals and gradients ----------------------------------------------------
+
+@functools.lru_cache
+def block_saved(context: int) -> pd.DataFrame:
+    """What one 2.7B ("xl") block saves for its backward at batch 4, by saving line (counted by
+    autograd's hooks on the meta device: no GPU, no data)."""
+    df = pd.DataFrame(block_residuals(get_config(SIZE, context), BATCH, context))
+    return df.assign(share=df["bytes"] / df["bytes"].sum())
+
+
+def block_saved_table(context: int = 2048) -> str:
+    df = block_saved(context)
+    shown = pd.DataFrame({"saved at": df.site.map(lambda s: f"`{s.removeprefix('cs336_systems/')}`"),
+                          "code": df.code.map(lambda c: f"`{c.split('  #')[0]}`"),
+                          "tensors": df.tensors, "MiB": df["bytes"] / MiB, "share": df.share})
+    return markdown_table(shown, formats={"MiB": ",.0f", "share": ".1%"})
+
+
+def block_gradient_mib() -> float:
+    return block_parameter_bytes(get_config(SIZE)) / MiB
+
+
+def backward_fall_gib(context: int = SNAPSHOT_CONTEXT) -> float:
+    """How far active memory falls over the measured backward phase (its start to the optimizer's),
+    from the stored timeline (each stored value the highest of a run of a few events)."""
+    r = timeline_row(context, "train")
+    start = dict(map(tuple, r.phases))
+
+    def level(event: int) -> float:
+        return r.gib[bisect.bisect_right(r.event, event) - 1]
+    return level(start["backward"]) - level(start["optimizer"])
+
+
+def block_gradient_measured_mib(context: int = SNAPSHOT_CONTEXT) -> float:
+    """One block's gradients as the backward says: each block frees its residuals and allocates its
+    gradients, so the fall per block is residuals minus gradients."""
+    L = get_config(SIZE).num_layers
+    return block_saved(context)["bytes"].sum() / MiB - backward_fall_gib(context) * 1024 / L
+
+
 def _mib(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -212,6 +256,15 @@ FACTS = {
     "memory.fwd_extra_128_mib": lambda: _mib(peak(128, "forward", "fp32", "extra_mib")),
     "memory.fwd_peak_2048_mib": lambda: _mib(peak(2048, "forward", "fp32")),
     "memory.fwd_peak_128_mib": lambda: _mib(peak(128, "forward", "fp32")),
+    "memory.block_saved_2048_gib": lambda: f"{block_saved(2048)['bytes'].sum() / 2**30:.2f}",
+    "memory.block_top3_share": lambda: f"{block_saved(2048).share.head(3).sum():.0%}",
+    "memory.block_tie_mib": lambda: _mib(block_saved(2048)["bytes"].iloc[3] / MiB),
+    "memory.block_softmax_share": lambda: f"{block_saved(2048).share.iloc[0]:.0%}",
+    "memory.block_saved_512_mib": lambda: _mib(block_saved(512)["bytes"].sum() / MiB),
+    "memory.block_grad_mib": lambda: _mib(block_gradient_mib()),
+    "memory.backward_fall_gib": lambda: f"{backward_fall_gib():.2f}",
+    "memory.backward_fall_per_block_mib": lambda: _mib(backward_fall_gib() * 1024 / get_config(SIZE).num_layers),
+    "memory.block_grad_measured_mib": lambda: _mib(block_gradient_measured_mib()),
     "memory.train_peak_128_mib": lambda: _mib(peak(128, "train", "fp32")),
     "memory.fwd_extra_2048_mib": lambda: _mib(peak(2048, "forward", "fp32", "extra_mib")),
     "memory.fwd_peak_2048_bf16_mib": lambda: _mib(peak(2048, "forward", "bf16")),

@@ -15,7 +15,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...]]] = {
                                                  "test_report_profiling.py", "test_ceilings.py",
                                                  "claims/test_profiling.py", "claims/test_reproducing.py")),
     "mixed_precision": ("Mixed precision", ("test_profiling.py", "claims/test_mixed_precision.py")),
-    "memory": ("Memory and gradient checkpointing", ("test_checkpointing.py", "test_sharding_accounting.py",
+    "memory": ("Memory and gradient checkpointing", ("test_checkpointing.py", "test_sharding_accounting.py", "test_residuals.py",
                                                      "claims/test_memory.py", "claims/test_checkpointing.py")),
     "model": ("The Transformer LM under every chapter", ("test_model.py", "test_model_attention_impls.py")),
     "attention": ("Attention and torch.compile", ("test_model_attention_impls.py", "claims/test_attention.py")),

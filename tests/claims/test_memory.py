@@ -123,3 +123,37 @@ def test_at_2048_the_inference_extra_is_the_attention_scores():
     # larger than one score matrix.
     extra_512, extra_2048 = (m.peak(c, "forward", "fp32", "extra_mib") for c in (512, 2048))
     assert extra_2048 > 10 * extra_512 and extra_2048 > m.tensor_sizes_mib(2048)["score"]
+
+
+def test_f_three_lines_hold_most_of_a_block_and_the_softmax_half():
+    # (f) answer: "Three lines of the model save ...% of it: the softmax output alone ...% ..., then
+    # the SwiGLU line's three (B, T, d_ff) tensors and the inputs of the linear layers; the next three
+    # lines save about ... MiB each."
+    df = m.block_saved(2048)
+    assert "softmax" in df.code.iloc[0] and "silu" in df.code.iloc[1] and "linear" in df.code.iloc[2]
+    assert df.tensors.iloc[1] == 3 and df.tensors.iloc[2] == 4
+    assert df.share.iloc[0] > 0.45 and df.share.head(3).sum() > 0.8
+    tie = df["bytes"].iloc[3:6]
+    assert df["bytes"].iloc[2] > tie.max() and tie.max() / tie.min() < 1.001 and tie.min() > df["bytes"].iloc[6]
+    # "it grows as T^2 where the rest grow as T (the inverted causal mask ... at one byte per pair)"
+    small = m.block_saved(512).set_index("site")["bytes"]
+    big = df.set_index("site")["bytes"]
+    ratio = big / small
+    softmax, mask = df.site.iloc[0], df[df.code.str.contains("masked_fill")].site.iloc[0]
+    assert ratio[softmax] == ratio[mask] == 16
+    assert (ratio.drop([softmax, mask]).round(3) == 4).all()
+
+
+def test_f_the_measured_backward_puts_a_blocks_gradients_at_its_parameter_bytes():
+    # (f): "memory falls ... MiB per block, which puts one block's gradients at ... MiB"; "That
+    # matches what we expect: ... = ... MiB". Within 2%: the outside-block terms (loss, final norm,
+    # output and embedding gradients, about 0.3 GiB in all, spread over 32 blocks: ~10 MiB each) and
+    # the timeline's thinning (the highest of a run of at most 5 events) are both below that.
+    assert abs(m.block_gradient_measured_mib() / m.block_gradient_mib() - 1) < 0.02
+
+
+def test_f_the_block_count_equals_the_checkpointing_pages_hand_count():
+    # (f): "The total equals the hand count the gradient checkpointing page uses for A, to the byte."
+    from report import checkpointing
+
+    assert m.block_saved(2048)["bytes"].sum() == checkpointing.block_bytes()
