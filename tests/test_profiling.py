@@ -224,9 +224,11 @@ def test_timeline_series_keeps_every_event_or_the_peak_of_each_run():
     gib = [b / 2**30 for b in (1000, 1100, 1300, 1600, 1300, 1100, 1000)]  # start, then each event
     assert full["event"] == list(range(7)) and full["gib"] == pytest.approx(gib)
     assert full["phases"] == [["forward", 0], ["backward", 3]] and full["events"] == 6
+    assert full["phase_gib"] == pytest.approx([1000 / 2**30, 1600 / 2**30])  # the level as each phase starts
     assert full["peak_gib"] == pytest.approx(1600 / 2**30) and full["start_gib"] == pytest.approx(1000 / 2**30)
     thin = memory.timeline_series(synthetic_snapshot(), points=3)  # runs of 3 events: their maxima
     assert thin["event"] == [0, 3, 6] and thin["gib"] == pytest.approx([1300 / 2**30, 1600 / 2**30, 1000 / 2**30])
+    assert thin["phase_gib"] == full["phase_gib"]  # exact whatever the thinning
 
 
 def test_largest_allocations_name_the_allocating_line_and_phase():

@@ -9,7 +9,7 @@ import torch
 from cs336_systems.model import get_config
 from cs336_systems.model.layers import Linear
 from cs336_systems.profiling.residuals import block_parameter_bytes, block_residuals, saved_by_line
-from cs336_systems.sharding.accounting import transformer_activation_bytes
+from cs336_systems.sharding.accounting import saved_activation_bytes, transformer_activation_bytes
 
 
 def test_saved_tensors_are_counted_once_per_storage_by_the_line_that_saved_them():
@@ -44,3 +44,15 @@ def test_block_gradients_are_its_parameters():
 
     block = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, RotaryEmbedding(cfg.rope_theta, cfg.d_head, 8), "meta")
     assert block_parameter_bytes(cfg) == 4 * sum(p.numel() for p in block.parameters())
+
+
+def test_saved_bytes_are_the_same_on_the_meta_device_as_on_the_cpu():
+    # On "meta" every storage's address is 0: a count keyed by address would see one storage.
+    counts = []
+    for device in ("cpu", "meta"):
+        lin = Linear(8, 16, device=device)
+        x = torch.ones(4, 8, device=device, requires_grad=True)
+        with saved_activation_bytes(lin.parameters()) as saved:
+            torch.nn.functional.silu(lin(x)).softmax(-1)  # saves x, lin(x), the softmax output
+        counts.append(saved["bytes"])
+    assert counts[0] == counts[1] == 4 * (4 * 8 + 2 * 4 * 16)

@@ -36,9 +36,12 @@ def parse_oom_message(message: str) -> dict[str, float | None]:
 
 
 def oom_details(exc: BaseException) -> dict[str, float]:
-    """Fields for an OOM row: the message's sizes that it has, and (on a GPU) the bytes allocated at
-    the failure and the peak since the cell began (the sweep resets the peak between cells). Call it
-    in the `except` block, before anything is freed: the traceback still holds the cell's tensors."""
+    """Fields for an OOM row: the message's sizes that it has (the allocator's own, at the failure,
+    rounded to 0.01 of their unit), and on a GPU two counters read here, in the `except` block:
+    `peak_mib_at_oom`, the high-water mark since the cell began (the sweep resets it between cells),
+    which is what was allocated just before the failed request, in exact bytes; and
+    `allocated_mib_at_oom`, what is still allocated now, which can be lower: the failing operation's
+    own temporaries are already freed, though the traceback still holds the cell's tensors."""
     out = {k: v for k, v in parse_oom_message(str(exc)).items() if v is not None}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["allocated_mib_at_oom"] = torch.cuda.memory_allocated() / MIB

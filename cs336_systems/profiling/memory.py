@@ -104,17 +104,24 @@ def timeline(snapshot: dict, device: int = 0) -> dict[str, Any]:
 # --8<-- [end:timeline]
 
 
+def thin_max(values: list[float], points: int) -> tuple[list[int], list[float]]:
+    """At most `points` values: each the largest of its run of consecutive values (so a peak
+    survives the thinning), with the index each run starts at."""
+    step = max(1, -(-len(values) // points))  # ceil: values per run
+    starts = list(range(0, len(values), step))
+    return starts, [max(values[i:i + step]) for i in starts]
+
+
 def timeline_series(snapshot: dict, *, points: int = 2000, device: int = 0) -> dict[str, Any]:
-    """The timeline as a stored result: active GiB against allocator event index, at most `points`
-    values (each the largest level in its run of events, so the peak survives the thinning), the
-    event index each value starts at, where each phase starts, and a summary. The report layer
-    draws it; nothing here draws."""
+    """The timeline as a stored result: active GiB against allocator event index (`thin_max`ed to
+    at most `points` values), where each phase starts and the exact level there, and a summary.
+    The report layer draws it; nothing here draws."""
     tl = timeline(snapshot, device)
-    gib = [b / 2**30 for b in (tl["start_bytes"], *tl["bytes"])]
-    step = max(1, -(-len(gib) // points))  # ceil: events per stored value
-    return {"event": list(range(0, len(gib), step)),
-            "gib": [max(gib[i:i + step]) for i in range(0, len(gib), step)],
+    gib = [b / 2**30 for b in (tl["start_bytes"], *tl["bytes"])]  # gib[i]: after i events
+    event, thinned = thin_max(gib, points)
+    return {"event": event, "gib": thinned,
             "phases": [[name, index] for name, index in tl["phases"]],
+            "phase_gib": [gib[index] for _, index in tl["phases"]],  # exact, not thinned
             "peak_gib": max(gib), "start_gib": gib[0], "end_gib": gib[-1], "events": len(gib) - 1}
 
 

@@ -3,8 +3,8 @@
 Context {128, 256, 512, 2048} x forward-only (inference) / full train step x fp32 / bf16 autocast.
 Each cell runs one untimed step first (so a train cell's measured step starts from the steady
 state: weights, Adam moments and last step's gradients resident), then one measured step.
-Rows: results/memory/peaks/ (MiB = bytes / 1024^2). For the snapshot cells (default: context 512
-fp32, forward and train) also the active-memory timeline (results/memory/timeline/, which the site
+Rows: results/memory/peaks/ (MiB = bytes / 1024^2). For the snapshot cells (default, fp32: context
+512 forward and train, context 2,048 forward) also the active-memory timeline (results/memory/timeline/, which the site
 draws), the largest allocations with their source lines (results/memory/largest/) and the
 residual-stream check (results/memory/residual/).
 """
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", type=csv_of(choices=MODES), default=["forward", "train"])
     p.add_argument("--dtypes", type=csv_of(choices=list(DTYPES)), default=["fp32", "bf16"])
     p.add_argument("--snapshot-cells", type=csv_of(snapshot_cell, allow_empty=True),
-                   default=["512/forward/fp32", "512/train/fp32"],
+                   default=["512/forward/fp32", "512/train/fp32", "2048/forward/fp32"],
                    help="context/mode/dtype cells that also record a snapshot")
     p.add_argument("--snapshot-dir", type=Path, default=None,
                    help="where the snapshot pickles go while they are analysed (default: a private "

@@ -19,8 +19,10 @@ tensors autograd saves for backward (activations) while a forward runs.
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -177,30 +179,55 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     return out
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]  # cs336_systems/
+_MODEL = _PACKAGE / "model"
+
+
+def _saving_line() -> tuple[str, str]:
+    """(file:line, source text) of the innermost frame in cs336_systems/model on the stack."""
+    for frame in reversed(traceback.extract_stack()):
+        path = Path(frame.filename).resolve()
+        if _MODEL in path.parents:
+            return f"{path.relative_to(_PACKAGE.parent).as_posix()}:{frame.lineno}", (frame.line or "").strip()
+    return "(outside cs336_systems/model)", ""
+
+
+# --8<-- [start:saved_activation_bytes]
 @contextlib.contextmanager
-def saved_activation_bytes(exclude: Iterable[torch.Tensor] = ()) -> Iterator[dict[str, int]]:
+def saved_activation_bytes(exclude: Iterable[torch.Tensor] = (), *, by_line: bool = False
+                           ) -> Iterator[dict]:
     """Count the bytes autograd saves for backward inside the block (parameters excluded).
 
         with saved_activation_bytes(model.parameters()) as saved:
             loss = model(x).sum()
         saved["bytes"]
+
+    A storage saved twice (a tensor and a view of it) counts once: storages are told apart by
+    identity, not by address, so this also counts on the "meta" device, where every address is 0.
+    With `by_line`, saved["by_line"] maps each saving line of cs336_systems/model ("file:line") to
+    {"site", "code", "bytes", "tensors"}.
     """
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    skip = {t.untyped_storage()._cdata for t in exclude}
     seen: set[int] = set()
-    result = {"bytes": 0}
+    result: dict = {"bytes": 0, "by_line": {}}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in skip and ptr not in seen:
-            seen.add(ptr)
+        if storage._cdata not in skip and storage._cdata not in seen:
+            seen.add(storage._cdata)
             result["bytes"] += storage.nbytes()
+            if by_line:
+                site, code = _saving_line()
+                row = result["by_line"].setdefault(site, {"site": site, "code": code, "bytes": 0, "tensors": 0})
+                row["bytes"] += storage.nbytes()
+                row["tensors"] += 1
         # Detached: returning t itself makes a saved *output* (exp, silu, ...) hold its own grad_fn,
         # a cycle through C++ that no garbage collection frees: a graph never backpropagated leaks.
         return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield result
+# --8<-- [end:saved_activation_bytes]
 
 
 class MemoryProbe:
