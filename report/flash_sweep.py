@@ -163,6 +163,9 @@ FACTS = {
     **{f"flash.sweep_vs_naive_fp32_{n // 1024}k": (lambda n=n: _vs_naive("fp32", n), ".2f") for n in (16384, 65536)},
     "flash.sweep_vs_naive_fp32_d128_64k": (lambda: _vs_naive("fp32", LARGEST, d=128), ".2f"),
     "flash.sweep_vs_naive_fp32_d16_64k": (lambda: _vs_naive("fp32", LARGEST, d=16), ".1f"),
+    **{f"flash.sweep_{name}_fp32_fwd_d128_over_d16": (
+        lambda i=impl: _ms(i, "fp32", 128, LARGEST, "fwd") / _ms(i, "fp32", 16, LARGEST, "fwd"), ".1f")
+       for impl, name in (("naive", "naive"), ("triton", "ours"))},
     **{f"flash.sweep_fp32_d64_{m}_vs_naive": (lambda m=m: _vs_naive("fp32", LARGEST, mode=m), ".2f")
        for m in ("fwd", "bwd")},
     "flash.sweep_mem_naive_fp32_gib": (lambda: _peak_gib("naive", "fp32"), ".0f"),

@@ -4,14 +4,15 @@ residual-stream check, from results/memory/; the hand counts from the model's co
 
 from __future__ import annotations
 
-import bisect
+import dataclasses
 import functools
 
 import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
-from cs336_systems.profiling.memory import residual_stream_bytes
+from cs336_systems.profiling.memory import residual_stream_bytes, thin_max
 from cs336_systems.profiling.residuals import block_parameter_bytes, block_residuals
+from cs336_systems.sharding.accounting import transformer_activation_bytes
 from report.figures import new_figure
 from report.profiling import newest, ok, register, with_source
 from report.results import load_results, markdown_table
@@ -23,19 +24,20 @@ KEY = ["context", "mode", "dtype"]
 
 # ---- the measured peaks ---------------------------------------------------------------------------
 
+def cells() -> pd.DataFrame:
+    """Newest row per (context, mode, dtype), whatever its status (an OOM included)."""
+    return newest(load_results("memory/peaks"), KEY).set_index(KEY).sort_index()
+
+
 def peaks() -> pd.DataFrame:
-    """Newest row per (context, mode, dtype), indexed by it, with the peak above the start."""
-    m = newest(ok("memory/peaks"), KEY)
-    return m.assign(extra_mib=m.peak_mib - m.before_mib).set_index(KEY).sort_index()
+    """The cells that fit (newest row each), with the peak above the start."""
+    m = cells()
+    m = m[m.status == "ok"]
+    return m.assign(extra_mib=m.peak_mib - m.before_mib)
 
 
 def peak(context: int, mode: str, dtype: str, column: str = "peak_mib") -> float:
     return float(peaks().loc[(context, mode, dtype), column])
-
-
-def cells() -> pd.DataFrame:
-    """Newest row per (context, mode, dtype), whatever its status (an OOM included)."""
-    return newest(load_results("memory/peaks"), KEY).set_index(KEY).sort_index()
 
 
 def oom(context: int, mode: str, dtype: str) -> pd.Series:
@@ -46,29 +48,34 @@ def oom(context: int, mode: str, dtype: str) -> pd.Series:
     return r
 
 
-def needed_at_least_mib(context: int, mode: str, dtype: str) -> float:
-    """A lower bound on what an OOM cell needed: allocated at the failure plus the failed request."""
-    r = oom(context, mode, dtype)
-    return r.allocated_by_pytorch_mib + r.tried_mib
-
-
 def _peak_text(r: pd.Series) -> str:
-    if r.status == "ok":
-        return f"{r.peak_mib:,.0f}"
-    if r.status == "oom":
-        return f"OOM (> {r.allocated_by_pytorch_mib + r.tried_mib:,.0f})"
-    return r.status
+    return f"{r.peak_mib:,.0f}" if r.status == "ok" else r.status.upper()
+
+
+def resident_mib(context: int) -> float:
+    """What the model holds before a forward at this context (weights and buffers), measured."""
+    return peak(context, "forward", "fp32", "before_mib")
+
+
+def activations_mib(context: int) -> float:
+    """What a whole fp32 forward saves for the backward, counted from the code (sharding.accounting)."""
+    return transformer_activation_bytes(get_config(SIZE, context), BATCH, context) / MiB
+
+
+def blocks_saved_at_oom(context: int = 2048) -> float:
+    """How many blocks' residuals the failed fp32 training step had saved when its request failed:
+    the high-water mark above the resident model, in blocks (the steps start without gradients)."""
+    return (oom(context, "train", "fp32").peak_mib_at_oom - resident_mib(context)) / (block_saved(context)["bytes"].sum() / MiB)
 
 
 def peaks_table() -> str:
-    """(b): two numbers per context (forward, full step), in fp32 and bf16; a step that did not fit
-    shows the least it needed (allocated when it failed + what it asked for)."""
+    """(b): two numbers per context (forward, full step), in fp32 and bf16; OOM where it did not fit."""
     m = cells()
     rows = [{"context": ctx, **{f"{label}, {dt} (MiB)": _peak_text(m.loc[(ctx, mode, dt)])
                                 for mode, label in (("forward", "forward only"), ("train", "full step"))
                                 for dt in ("fp32", "bf16")}}
             for ctx in sorted(m.index.get_level_values("context").unique())]
-    return with_source(pd.DataFrame(rows), "memory/peaks", formats={"context": ","})
+    return with_source(pd.DataFrame(rows), "memory/peaks", used=m, formats={"context": ","})
 
 
 def start_table() -> str:
@@ -119,16 +126,17 @@ def timeline_row(context: int, mode: str, dtype: str = "fp32") -> pd.Series:
     t = newest(ok("memory/timeline"), KEY)
     hit = t[(t.context == context) & (t["mode"] == mode) & (t.dtype == dtype)]
     if hit.empty:
-        raise KeyError(f"memory/timeline: no timeline of {context}/{mode}/{dtype}; "
-                       f"`just bench memory --snapshot-cells {context}/{mode}/{dtype}` records one")
+        raise KeyError(f"memory/timeline: no timeline of {context}/{mode}/{dtype}; `just bench memory "
+                       f"--contexts {context} --modes {mode} --dtypes {dtype} --snapshot-cells "
+                       f"{context}/{mode}/{dtype} --remeasure` records one")
     return hit.iloc[-1]
 
 
 def timeline_figure(context: int, mode: str, dtype: str = "fp32"):
     """Active memory (GiB) against allocator event, phases shaded, the peak labelled."""
     r = timeline_row(context, mode, dtype)
-    k = max(1, -(-len(r.gib) // DRAWN_POINTS))  # a page-sized path: the highest of every k values
-    event, gib = r.event[::k], [max(r.gib[i:i + k]) for i in range(0, len(r.gib), k)]
+    starts, gib = thin_max(r.gib, DRAWN_POINTS)  # a page-sized path: the highest of each run
+    event = [r.event[i] for i in starts]
     fig, ax = new_figure(9, 3.6)
     ax.fill_between(event, gib, step="post", color="#4c72b0", alpha=0.8, linewidth=0)
     bounds = [*map(tuple, r.phases), ("end", r.events)]
@@ -214,21 +222,32 @@ def block_gradient_mib() -> float:
 
 
 def backward_fall_gib(context: int = SNAPSHOT_CONTEXT) -> float:
-    """How far active memory falls over the measured backward phase (its start to the optimizer's),
-    from the stored timeline (each stored value the highest of a run of a few events)."""
+    """How far active memory falls over the measured backward phase: the exact level where it
+    starts minus the level where the optimizer step starts (the stored timeline keeps both)."""
     r = timeline_row(context, "train")
-    start = dict(map(tuple, r.phases))
+    level = dict(zip((name for name, _ in r.phases), r.phase_gib))
+    return level["backward"] - level["optimizer"]
 
-    def level(event: int) -> float:
-        return r.gib[bisect.bisect_right(r.event, event) - 1]
-    return level(start["backward"]) - level(start["optimizer"])
+
+def outside_blocks_mib(context: int = SNAPSHOT_CONTEXT) -> tuple[float, float]:
+    """(saved for the backward, gradients) outside the blocks, counted from the code: the loss's
+    logits and log-sum-exp, the final norm and the token ids; the embedding, output layer and final
+    norm gain."""
+    cfg = get_config(SIZE, context)
+    one = dataclasses.replace(cfg, num_layers=1)  # the count for one layer, less that layer
+    saved = transformer_activation_bytes(one, BATCH, context) - block_saved(context)["bytes"].sum()
+    grads = 4 * count_parameters(cfg)["total"] - cfg.num_layers * block_parameter_bytes(cfg)
+    return saved / MiB, grads / MiB
 
 
 def block_gradient_measured_mib(context: int = SNAPSHOT_CONTEXT) -> float:
-    """One block's gradients as the backward says: each block frees its residuals and allocates its
-    gradients, so the fall per block is residuals minus gradients."""
+    """One block's gradients as the measured backward says. The backward frees everything saved
+    (L blocks' residuals A, and the outside terms) and allocates every gradient (L blocks' G, and
+    the outside ones): fall = L A + saved_out - L G - grads_out, solved for G."""
     L = get_config(SIZE).num_layers
-    return block_saved(context)["bytes"].sum() / MiB - backward_fall_gib(context) * 1024 / L
+    A = block_saved(context)["bytes"].sum() / MiB
+    saved_out, grads_out = outside_blocks_mib(context)
+    return (L * A + saved_out - grads_out - backward_fall_gib(context) * 1024) / L
 
 
 def _mib(x: float) -> str:
@@ -263,14 +282,19 @@ FACTS = {
     "memory.block_saved_512_mib": lambda: _mib(block_saved(512)["bytes"].sum() / MiB),
     "memory.block_grad_mib": lambda: _mib(block_gradient_mib()),
     "memory.backward_fall_gib": lambda: f"{backward_fall_gib():.2f}",
-    "memory.backward_fall_per_block_mib": lambda: _mib(backward_fall_gib() * 1024 / get_config(SIZE).num_layers),
+    "memory.outside_saved_mib": lambda: _mib(outside_blocks_mib()[0]),
+    "memory.outside_grads_mib": lambda: _mib(outside_blocks_mib()[1]),
     "memory.block_grad_measured_mib": lambda: _mib(block_gradient_measured_mib()),
     "memory.train_peak_128_mib": lambda: _mib(peak(128, "train", "fp32")),
     "memory.fwd_extra_2048_mib": lambda: _mib(peak(2048, "forward", "fp32", "extra_mib")),
     "memory.fwd_peak_2048_bf16_mib": lambda: _mib(peak(2048, "forward", "bf16")),
-    "memory.train_2048_allocated_mib": lambda: _mib(oom(2048, "train", "fp32").allocated_by_pytorch_mib),
-    "memory.train_2048_free_mib": lambda: _mib(oom(2048, "train", "fp32").free_mib),
-    "memory.train_2048_needed_bf16_mib": lambda: _mib(needed_at_least_mib(2048, "train", "bf16")),
+    "memory.train_2048_peak_at_oom_mib": lambda: _mib(oom(2048, "train", "fp32").peak_mib_at_oom),
+    "memory.train_2048_blocks_at_oom": lambda: f"{int(blocks_saved_at_oom())}",
+    "memory.resident_2048_mib": lambda: _mib(resident_mib(2048)),
+    "memory.activations_2048_mib": lambda: _mib(activations_mib(2048)),
+    "memory.first_step_2048_need_mib": lambda: _mib(resident_mib(2048) + activations_mib(2048)),
+    "memory.steady_step_2048_need_mib": lambda: _mib(resident_mib(2048) + 3 * weights_mib() + activations_mib(2048)),
+    "memory.bf16_extra_128_train_gap_mib": lambda: f"{peak(128, 'train', 'bf16', 'extra_mib') - peak(128, 'train', 'fp32', 'extra_mib'):.1f}",
     "memory.train_2048_tried_mib": lambda: _mib(oom(2048, "train", "fp32").tried_mib),
     "memory.capacity_mib": lambda: _mib(oom(2048, "train", "fp32").capacity_mib),
     "memory.score_2048_layers_gib": lambda: f"{tensor_sizes_mib(2048)['score'] * get_config(SIZE).num_layers / 1024:g}",

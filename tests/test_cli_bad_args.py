@@ -59,6 +59,8 @@ CASES = [
     ("flash-host", ["--seq", "0"], "--seq"),
     ("flash-host", ["--profile", "no/such/folder/profile.txt"], "--profile"),
     ("flash-tune", ["tune", "--workers", "0"], "--workers"),
+    ("flash-tune", ["tune", "--only", "leaderboard", "--dtypes", "fp32"], "--only"),
+    ("flash-tune", ["tune", "--dtypes", "fp16"], "--dtypes"),
     ("flash-ab-dkdv", ["--variant", "no-equals-sign"], "--variant"),
     ("flash-ab-dkdv", ["--variant", "x=/nonexistent.py"], "--variant"),
     ("flash-ab-onepass", ["--configs", "64,64"], "--configs"),

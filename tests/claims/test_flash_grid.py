@@ -186,9 +186,10 @@ def test_the_profile_puts_autograds_engine_first_by_own_time():
 
 
 def test_every_attention_gpu_test_passed_or_skipped_in_one_run():
-    # "Every attention GPU test passes with this table: {passed} of {total} passed and {skipped}
-    # skipped, none failed, in one run": the total is every test the files hold now (collected
-    # here; a GPU adds no ids, its skips are marks), none left out, none cut by a time limit.
+    # "The attention test suite also passes on the GPU ...: in one run on an H200, {passed} of
+    # {total} tests passed, {skipped} were skipped and none failed": the total is every test the
+    # files hold now (collected here; a GPU adds no ids, its skips are marks), none left out, none
+    # cut by a time limit.
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly",
                           *gpu_tests.TEST_FILES], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
     collected = {line for line in out.stdout.splitlines() if "::" in line}
@@ -197,8 +198,9 @@ def test_every_attention_gpu_test_passed_or_skipped_in_one_run():
     assert set(o.test) == collected
     c = gpu_tests.counts()
     assert c["PASSED"] + c["SKIPPED"] == c["total"] and c["PASSED"] > 0
-    # "The skipped cases are combinations the kernels do not take": the functions that skip for
-    # shared memory (fp32 tiles) and for causal with n_q != n_k (the Gluon backward).
+    # "The skipped cases are combinations the kernels do not take" (the chapter's Tests list them):
+    # the functions that skip for shared memory (fp32 tiles) and for causal with n_q != n_k (the
+    # Gluon backward).
     skipped = {t.split("[")[0] for t in o.test[o.outcome == "SKIPPED"]}
     assert skipped <= {"tests/test_flash_attention.py::test_gpu_one_pass_backward",
                        "tests/test_flash_attention.py::test_gpu_tma",
@@ -206,9 +208,9 @@ def test_every_attention_gpu_test_passed_or_skipped_in_one_run():
 
 
 def test_the_tested_attention_code_differs_from_the_grids_only_in_a_warning_a_cache_key_and_fp32_plans():
-    # "(git ..., whose attention code differs from the grid's only in a warning for untuned shapes,
-    # the direct launch's cache key, the tuner and the table's fp32 plans; the grid is bf16)": from the history,
-    # where this clone has it.
+    # "Its attention code differs from the grid's version only in parts that leave the bf16 kernels
+    # and their tiles unchanged: a warning for untuned shapes, the tuner, the cache key of the direct
+    # launch and the table's fp32 entries": from the history, where this clone has it.
     tested, grid = gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]), flash_grid.newest_git()
     try:
         diff = subprocess.run(["git", "diff", "--name-only", grid, tested, "--", "cs336_systems/attention"],

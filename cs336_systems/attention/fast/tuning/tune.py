@@ -366,12 +366,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.workers < 1:
         ap.error(f"--workers must be at least 1, got {args.workers}")
+    shapes = tune_shapes(args.only, tuple(args.dtypes))
+    if not shapes:
+        ap.error(f"--only {args.only} --dtypes {','.join(args.dtypes)}: no table key to tune "
+                 f"(the leaderboard and grid keys are bf16)")
     if not torch.cuda.is_available():
         ap.error("tune needs a CUDA GPU (timings on the interpreter mean nothing)")
     store = ResultStore(BENCH, key=["key", "kernel", "config", "run"], root=args.results_dir)
     if args.workers > 1:
         with cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            tune(store, tune_shapes(args.only, tuple(args.dtypes)), pool, args.write, tuple(args.kinds))
+            tune(store, shapes, pool, args.write, tuple(args.kinds))
     else:
-        tune(store, tune_shapes(args.only, tuple(args.dtypes)), None, args.write, tuple(args.kinds))
+        tune(store, shapes, None, args.write, tuple(args.kinds))
     return 0
