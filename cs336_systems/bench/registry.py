@@ -48,6 +48,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                                     "(GPU) the one-pass backward's dQ adds alone: atomics vs TMA vs stores", gpu=False),
     "flash-onepass-ws": Benchmark("cs336_systems.attention.fast.experiments.ab_onepass_ws",
                                   "(GPU) the Gluon backward's variants and ablations beside the tuned Triton one", gpu=False),
+    "flash-d128-probe": Benchmark("cs336_systems.attention.fast.experiments.d128_probe",
+                                  "(GPU) head dim 128: the Gluon forward's settings and the table's kernels vs cuDNN", gpu=False),
     # Distributed (docs/collectives.md, ddp.md, sharding.md)
     "collectives": Benchmark("cs336_systems.distributed.collectives_bench", "all-reduce sizes x backends x world sizes", gpu=False),
     "ddp": Benchmark("cs336_systems.distributed.ddp_bench", "the DDP stages vs torch DDP", gpu=False),

@@ -253,7 +253,10 @@ def test_the_gluon_kernels_take_head_dim_64_only(monkeypatch, which):
         return fwd_ws.fwd_ws_supported(t, t, t) if which == "fwd" else onepass_ws.ws_supported(t, t, t, t, True)
 
     assert ask(64) is None
-    assert ask(128) == "written for head dim 64"
+    if which == "fwd":  # the forward takes d = 128 too (the d = 128 work); the backward not yet
+        assert ask(128) is None and ask(80) == "written for head dim 64 or 128"
+    else:
+        assert ask(128) == "written for head dim 64"
 
 
 def test_the_profiled_step_is_slower_than_the_unprofiled_one():

@@ -23,8 +23,8 @@ def fwd_ws_supported(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64) -> str 
         return f"written against Triton 3.6's Gluon API (installed: {triton.__version__})"
     if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, v)):
         return "needs bf16 or fp16 inputs of one dtype"
-    if q.shape[-1] != 64:
-        return "written for head dim 64"
+    if q.shape[-1] not in (64, 128):
+        return "written for head dim 64 or 128"
     if not all(t.is_contiguous() for t in (q, k, v)):
         return "needs contiguous inputs"
     if k.shape[2] % block_n:
