@@ -37,16 +37,36 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
                plan: BwdPlan) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV (Z, H, N, d) in the inputs' dtype. L is the forward's fp32 (Z, H, n_q)."""
     _shape(q, k)
-    if plan.gluon is not None:
-        from .gluon.onepass_ws import launch_bwd_onepass_ws, ws_supported
-
-        if ws_supported(q, k, v, do, is_causal) is None:
-            g = plan.gluon
-            delta = launch_preprocess(o, do)
-            return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots, g.dq_regs)
+    if plan.gluon is not None and gluon_bwd_supported(q, k, v, do, is_causal) is None:
+        return launch_gluon_bwd(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.gluon)
     if plan.one_pass:
         return launch_bwd_onepass(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.tiles)
     return flash_launch.launch_bwd(q, k, v, o, L, do, is_causal, plan.tiles)
+
+
+def gluon_bwd_supported(q, k, v, do, is_causal: bool) -> str | None:
+    """Why neither Gluon backward takes these inputs, or None: d = 128 has a kernel of its own
+    (`gluon/flash_bwd128_ws_kernel.py`: its registers do not allow d = 64's dQ warpgroup)."""
+    if q.shape[-1] == 128:
+        from .gluon.bwd128_ws import bwd128_supported
+
+        return bwd128_supported(q, k, v, do, is_causal)
+    from .gluon.onepass_ws import ws_supported
+
+    return ws_supported(q, k, v, do, is_causal)
+
+
+def launch_gluon_bwd(q, k, v, do, L, delta, is_causal: bool, g) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from the Gluon backward for q's head dim, with the plan's Gluon settings `g`
+    (a GluonBwdConfig; d = 128 has no dQ warpgroup, so `g.dq_regs` is unused there). Raises where
+    the kernel does not apply (see `gluon_bwd_supported`)."""
+    if q.shape[-1] == 128:
+        from .gluon.bwd128_ws import launch_bwd128_ws
+
+        return launch_bwd128_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots)
+    from .gluon.onepass_ws import launch_bwd_onepass_ws
+
+    return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots, g.dq_regs)
 
 
 def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig, kernel=None

@@ -117,8 +117,7 @@ def _fields(kind: str, plan) -> dict:
 def _runner(kind: str, plan, state, causal: bool):
     from ...flash_launch import launch_bwd_fused, launch_dkdv, launch_dq, launch_fwd
     from ..gluon.fwd_ws import launch_fwd_ws
-    from ..gluon.onepass_ws import launch_bwd_onepass_ws
-    from ..launch import launch_bwd_onepass
+    from ..launch import launch_bwd_onepass, launch_gluon_bwd
 
     q, k, v, do, o, L, delta = state
     c, g = plan.tiles, plan.gluon
@@ -133,7 +132,7 @@ def _runner(kind: str, plan, state, causal: bool):
     if kind == "onepass":  # dQ, dK, dV (with the zeroing and the cast of the fp32 dQ buffer)
         return lambda: launch_bwd_onepass(q, k, v, do, L, delta, causal, c)
     if kind == "ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
-        return lambda: launch_bwd_onepass_ws(q, k, v, do, L, delta, causal, g.stages, g.slots, g.dq_regs)
+        return lambda: launch_gluon_bwd(q, k, v, do, L, delta, causal, g)
     return lambda: launch_bwd_fused(q, k, v, do, L, delta, causal, c)
 
 
