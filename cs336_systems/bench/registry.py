@@ -48,6 +48,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                                     "(GPU) the one-pass backward's dQ adds alone: atomics vs TMA vs stores", gpu=False),
     "flash-onepass-ws": Benchmark("cs336_systems.attention.fast.experiments.ab_onepass_ws",
                                   "(GPU) the Gluon backward's variants and ablations beside the tuned Triton one", gpu=False),
+    "flash-ab-bwd128": Benchmark("cs336_systems.attention.fast.experiments.ab_bwd128",
+                                 "(GPU) versions and ablations of the d = 128 Gluon backward, timed round-robin", gpu=False),
     "flash-d128-probe": Benchmark("cs336_systems.attention.fast.experiments.d128_probe",
                                   "(GPU) head dim 128: the Gluon forward's settings and the table's kernels vs cuDNN", gpu=False),
     # Distributed (docs/collectives.md, ddp.md, sharding.md)
