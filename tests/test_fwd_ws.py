@@ -54,7 +54,7 @@ from cs336_systems.attention.fast.tuning.compile_report import machine_code
 lay = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
 sig = {{"q_desc": f"tensordesc<bf16[64, 64],{{lay}}>", "k_desc": f"tensordesc<bf16[{block_n}, 64],{{lay}}>",
        "v_desc": f"tensordesc<bf16[{block_n}, 64],{{lay}}>", "O": "*bf16", "L": "*fp32", "n_q": "i32", "n_k": "i32",
-       "qk_scale": "fp32"}}
+       "qk_scale": "fp32", "GROUP": "i32"}}
 maxnreg, math_regs = fwd_ws.register_split({warpgroups})  # as the launcher sets them
 const = dict(D=64, BN={block_n}, STAGES={stages}, CAUSAL=True, MATH_REGS=math_regs, NW={warpgroups})
 src = gluon._runtime.GluonASTSource(fwd_ws_kernel, sig | {{k: "constexpr" for k in const}}, constexprs=const)

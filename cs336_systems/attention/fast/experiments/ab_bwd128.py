@@ -39,12 +39,8 @@ REDUCE = ("        tma.store_wait(0)  # the previous tile's reduction has read t
           "        fence_async_shared()\n"
           "        gl.thread_barrier()\n"
           "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)\n")
-ORDER = ("    tile = lin // n_bh  # causal: the first key blocks have the most query tiles, and run first\n"
-         "    bh = lin % n_bh\n")
 VERSIONS = {
     "full": "the kernel as committed",
-    "heads_outer": "programs in (head, key block) order: the programs running at once share a head, so its "
-                   "Q, dO and dQ stay in L2",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "no_dq": "ablation: no dQ matmul or adds (dQ wrong)",
@@ -61,7 +57,7 @@ def variant_source(name: str, source: str) -> str:
         for part in name.split("+"):
             source = variant_source(part, source)
         return source
-    needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "heads_outer": (ORDER,), "no_reduce": (REDUCE,),
+    needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
              "no_dq": (DQ_MMA, REDUCE)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
@@ -74,8 +70,6 @@ def variant_source(name: str, source: str) -> str:
                     "        mbarrier.arrive(ld_empty.index(s), count=1)\n")
         moved = source.replace(WAIT_DKDV, "").replace(DQ_MMA, mma + wait_all)
         return moved
-    if name == "heads_outer":
-        return source.replace(ORDER, "    tile = gl.program_id(0)  # longest first within a head\n    bh = gl.program_id(1)\n")
     if name == "no_reduce":
         return source.replace(REDUCE, _guard(REDUCE))
     if name == "no_dq":
@@ -99,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", nargs="+", default=list(VERSIONS), metavar="VERSION",
                     help=f"one of {', '.join(VERSIONS)}, or several joined by '+'")
     ap.add_argument("--settings", nargs="+", default=["2,1", "2,2"], metavar="STAGES,SLOTS")
+    ap.add_argument("--groups", nargs="+", type=int, default=[0], metavar="G",
+                    help="heads whose programs run together (0: the launcher's rule)")
     ap.add_argument("--shape", default="1,32,32768,1", metavar="BATCH,HEADS,SEQ,CAUSAL")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep-ms", type=int, default=100)
@@ -110,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     (batch, heads, seq, causal), = int_tuples(ap, "--shape", [args.shape], "BATCH,HEADS,SEQ,CAUSAL")
     causal = bool(causal)
     require_gpu(ap)
-    store = open_store(ap, BENCH, ["run", "round", "impl", "version", "stages", "slots", "batch", "heads", "seq",
-                                   "causal"], root=args.results_dir)
+    if any(not 0 <= g <= batch * heads for g in args.groups):
+        ap.error(f"--groups: each must be in [0, {batch * heads}] (batch x heads), got {args.groups}")
+    store = open_store(ap, BENCH, ["run", "round", "impl", "version", "stages", "slots", "group", "batch", "heads",
+                                   "seq", "causal"], root=args.results_dir)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = [torch.randn(batch, heads, seq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4)]
@@ -127,26 +125,27 @@ def main(argv: list[str] | None = None) -> int:
             out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
         return torch.autograd.grad(out, (qr, kr, vr), do) if backward else out
 
-    none = (("stages", 0), ("slots", 0))
+    none = (("stages", 0), ("slots", 0), ("group", 0))
     cells = {(("impl", "triton (table)"), ("version", ""), *none): (triton_bwd, 0.0),
              (("impl", "cudnn fwd+bwd"), ("version", ""), *none): (lambda: cudnn(True), 0.0),
              (("impl", "cudnn fwd"), ("version", ""), *none): (lambda: cudnn(False), 0.0)}
     source = KERNEL_FILE.read_text()
     with tempfile.TemporaryDirectory() as workdir:
-        for version, (stages, slots) in itertools.product(args.versions, settings):
+        for version, (stages, slots), group in itertools.product(args.versions, settings, args.groups):
             path = Path(workdir) / f"bwd128_{version}.py"
             if not path.exists():
                 path.write_text(variant_source(version, source))
             kernel = load_variant(f"bwd128_{version}", path, VARIANT_PACKAGE).bwd128_ws_kernel
-            fn = lambda kern=kernel, st=stages, sl=slots: launch_bwd128_ws(  # noqa: E731
-                q, k, v, do, L, delta, causal, st, sl, kernel=kern)
+            fn = lambda kern=kernel, st=stages, sl=slots, g=group: launch_bwd128_ws(  # noqa: E731
+                q, k, v, do, L, delta, causal, st, sl, kernel=kern, group=g or None)
             got = fn()  # compiles
             pairs = list(zip(got, want))[1 if ("no_dq" in version or "no_reduce" in version) else 0:]
             err = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in pairs)
-            print(f"[ab_bwd128] {version} stages={stages} slots={slots}: rel err vs Triton {err:.2e}", flush=True)
+            print(f"[ab_bwd128] {version} stages={stages} slots={slots} group={group}: rel err vs Triton {err:.2e}", flush=True)
             if not err < 3e-2:
                 raise SystemExit(f"[ab_bwd128] {version} {stages},{slots} is wrong (rel err {err:.3g}); not timing it")
-            cells[(("impl", "gluon bwd128"), ("version", version), ("stages", stages), ("slots", slots))] = (fn, err)
+            cells[(("impl", "gluon bwd128"), ("version", version), ("stages", stages), ("slots", slots),
+                   ("group", group))] = (fn, err)
         time_round_robin(cells, store, args.rounds, args.rep_ms,
                          {"batch": batch, "heads": heads, "seq": seq, "causal": causal, "d": 128, "dtype": "bf16"})
     return 0

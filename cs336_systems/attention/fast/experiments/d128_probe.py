@@ -13,6 +13,7 @@ results/attention/d128_probe/<device>.jsonl, one per timing, with the run's id.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 import traceback
@@ -28,16 +29,6 @@ BENCH = "attention/d128_probe"
 CELLS = ["1,32,32768,1", "2,32,4096,1", "1,16,16384,0", "2,16,8192,0", "1,16,4096,1"]
 FWD_WS = ["2,128,3", "2,128,2", "2,64,4", "3,64,3"]
 BWD_WS = ["2,1", "2,2"]
-FWD_ORDER = ("    if CAUSAL:  # longest programs (last query tiles) first\n"
-             "        tile = n_tiles_m - 1 - lin // n_bh\n"
-             "    else:\n"
-             "        tile = lin // n_bh\n"
-             "    bh = lin % n_bh\n")
-HEADS_OUTER = ("    bh = lin // n_tiles_m  # the programs running at once share a head: its K, V stay in L2\n"
-               "    if CAUSAL:  # longest programs (last query tiles) first\n"
-               "        tile = n_tiles_m - 1 - lin % n_tiles_m\n"
-               "    else:\n"
-               "        tile = lin % n_tiles_m\n")
 TOL = 2e-2  # bf16 output rounding is ~4e-3 relative; a wrong tile or mask is far above
 
 
@@ -63,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fwd-ws", nargs="+", default=FWD_WS, metavar="WARPGROUPS,BLOCK_N,STAGES")
     ap.add_argument("--bwd-ws", nargs="+", default=BWD_WS, metavar="STAGES,SLOTS",
                     help="settings of the d = 128 Gluon backward (gluon/flash_bwd128_ws_kernel.py)")
-    ap.add_argument("--heads-outer", action="store_true",
-                    help="also time the Gluon forward with its programs in (head, query tile) order")
+    ap.add_argument("--groups", nargs="+", type=int, default=[0], metavar="G",
+                    help="heads whose programs run together in the Gluon kernels (0: the launcher's rule; "
+                         "larger than batch x heads: all)")
     ap.add_argument("--no-bwd", action="store_true", help="forward only")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep-ms", type=int, default=100)
@@ -80,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
                        root=args.results_dir)
     run = time.strftime("%Y%m%dT%H%M%S")
     d = 128
-    outer = _heads_outer_kernel() if args.heads_outer else None
     for batch, heads, seq, causal in cells:
         causal = bool(causal)
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -91,12 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         bplan = lookup_bwd(TUNED, q.dtype, d, causal, batch * heads, seq, seq)
         fns = {("cudnn", "fwd"): lambda: _cudnn(q, k, v, causal),
                ("table", "fwd"): lambda: launch_fwd(q, k, v, causal, fplan)}
-        for nw, bn, st in settings:
-            fns[(f"gluon_ws nw{nw} bn{bn} st{st}", "fwd")] = (
-                lambda nw=nw, bn=bn, st=st: launch_fwd_ws(q, k, v, causal, bn, st, nw))
-            if outer is not None:
-                fns[(f"gluon_ws heads_outer nw{nw} bn{bn} st{st}", "fwd")] = (
-                    lambda nw=nw, bn=bn, st=st: launch_fwd_ws(q, k, v, causal, bn, st, nw, kernel=outer))
+        groups = sorted({min(g, batch * heads) for g in args.groups})
+        for (nw, bn, st), gr in itertools.product(settings, groups):
+            fns[(f"gluon_ws nw{nw} bn{bn} st{st} g{gr}", "fwd")] = (
+                lambda nw=nw, bn=bn, st=st, gr=gr: launch_fwd_ws(q, k, v, causal, bn, st, nw, group=gr or None))
         if not args.no_bwd:
             qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
 
@@ -109,14 +98,16 @@ def main(argv: list[str] | None = None) -> int:
             fns[("table", "bwd")] = lambda: launch_bwd(q, k, v, o, L, do, causal, bplan)
             bwd_want = launch_bwd(q, k, v, o, L, do, causal, bplan)
             nw, bn, st = settings[0]  # the first forward setting, for ours forward+backward
-            for bst, bsl in bwd_settings:
-                fns[(f"gluon_bwd128 st{bst} sl{bsl}", "bwd")] = (
-                    lambda bst=bst, bsl=bsl: launch_bwd128_ws(q, k, v, do, L, launch_preprocess(o, do), causal, bst, bsl))
+            for (bst, bsl), gr in itertools.product(bwd_settings, groups):
+                fns[(f"gluon_bwd128 st{bst} sl{bsl} g{gr}", "bwd")] = (
+                    lambda bst=bst, bsl=bsl, gr=gr: launch_bwd128_ws(q, k, v, do, L, launch_preprocess(o, do), causal,
+                                                                     bst, bsl, group=gr or None))
 
-                def ours_fb(bst=bst, bsl=bsl):
-                    o2, L2 = launch_fwd_ws(q, k, v, causal, bn, st, nw)
-                    return launch_bwd128_ws(q, k, v, do, L2, launch_preprocess(o2, do), causal, bst, bsl)
-                fns[(f"gluon fwd nw{nw} bn{bn} st{st} + bwd128 st{bst} sl{bsl}", "fwd+bwd")] = ours_fb
+                def ours_fb(bst=bst, bsl=bsl, gr=gr):
+                    o2, L2 = launch_fwd_ws(q, k, v, causal, bn, st, nw, group=gr or None)
+                    return launch_bwd128_ws(q, k, v, do, L2, launch_preprocess(o2, do), causal, bst, bsl,
+                                            group=gr or None)
+                fns[(f"gluon fwd nw{nw} bn{bn} st{st} + bwd128 st{bst} sl{bsl} g{gr}", "fwd+bwd")] = ours_fb
         ok = {}
         for key, fn in fns.items():
             try:
@@ -157,21 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     _resources()
     return 0
-
-
-def _heads_outer_kernel():
-    """The Gluon forward with its programs in (head, query tile) order (a source edit)."""
-    import tempfile
-    from pathlib import Path
-
-    from .harness import load_variant
-
-    src = (Path(__file__).parents[1] / "gluon" / "flash_fwd_ws_kernel.py").read_text()
-    if src.count(FWD_ORDER) != 1:
-        raise SystemExit("d128_probe: the forward's program order is not where the edit expects it")
-    path = Path(tempfile.mkdtemp()) / "fwd_heads_outer.py"
-    path.write_text(src.replace(FWD_ORDER, HEADS_OUTER))
-    return load_variant("fwd_heads_outer", path, "cs336_systems.attention.fast.gluon").fwd_ws_kernel
 
 
 def _resources() -> None:

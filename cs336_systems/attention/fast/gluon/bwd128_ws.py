@@ -59,12 +59,14 @@ def _constexprs(d: int, is_causal: bool, stages: int, slots: int) -> dict:
 
 
 def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
-                     kernel=None) -> tuple[Tensor, Tensor, Tensor]:
+                     kernel=None, group: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 128) inputs (see `bwd128_supported`); L, delta (Z, H, n_q) fp32.
-    `kernel` replaces the committed kernel (for ablations)."""
+    `kernel` replaces the committed kernel (for ablations); `group`: heads whose programs run
+    together (default `fwd_ws.heads_per_group` of Q and dO, 2 bytes, and dQ, 4 bytes, per value)."""
     from ...flash_launch import _scales
     from ..direct_launch import direct
     from .flash_bwd128_ws_kernel import bwd128_ws_kernel
+    from .fwd_ws import heads_per_group
 
     if stages < 2 or slots < 1:
         raise ValueError(f"launch_bwd128_ws: stages must be at least 2 and slots at least 1, got {stages}, {slots}")
@@ -76,7 +78,11 @@ def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, sl
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale, qk_scale = _scales(d)
     q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
-    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, qk_scale, sm_scale)
+    if group is None:
+        group = heads_per_group(Z * H, n_q * d * (2 * q.element_size() + 4), d)
+    if not 1 <= group <= Z * H:
+        raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
+    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, qk_scale, sm_scale, group)
     grid = (n_k // BN, Z * H)
     constexprs = _constexprs(d, is_causal, stages, slots)
     if kernel is None:
@@ -95,5 +101,5 @@ def bwd128_args_for_report(is_causal: bool, stages: int, slots: int):
     dq = torch.empty(1, 1, n, d, dtype=torch.float32)
     vec = torch.empty(1, 1, n, dtype=torch.float32)
     q_d, k_d, v_d, do_d, dq_d = _descriptors(x, x, x, x, dq)
-    args = (q_d, k_d, v_d, do_d, vec, vec, dq_d, x, x, n, n, 0.1, 0.1)
+    args = (q_d, k_d, v_d, do_d, vec, vec, dq_d, x, x, n, n, 0.1, 0.1, 1)
     return bwd128_ws_kernel, args, _constexprs(d, is_causal, stages, slots)

@@ -32,6 +32,18 @@ def fwd_ws_supported(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64) -> str 
     return None
 
 
+L2_BUDGET = 24 << 20  # bytes of one group's re-read tensors: half the H100/H200's 50 MB L2
+
+
+def heads_per_group(n_bh: int, bytes_per_head: int, d: int) -> int:
+    """How many heads' programs the d = 128 kernels run together: as many as keep the tensors every
+    program of a head re-reads (`bytes_per_head`) within L2_BUDGET, at least one. At d = 64 all
+    heads (the order the d = 64 tables were tuned and measured in)."""
+    if d != 128:
+        return n_bh
+    return max(1, min(n_bh, L2_BUDGET // max(1, bytes_per_head)))
+
+
 def register_split(warpgroups: int) -> tuple[int, int]:
     """(maxnreg at launch, consumer warpgroups' registers): the 64K-register file over the program's
     warps (the consumer warpgroups, and the loader warp, which Gluon pads to a warpgroup); setmaxnreg
@@ -42,10 +54,11 @@ def register_split(warpgroups: int) -> tuple[int, int]:
 
 
 def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int = 64, stages: int = 4,
-                  warpgroups: int = 3, kernel=None) -> tuple[Tensor, Tensor]:
+                  warpgroups: int = 3, kernel=None, group: int | None = None) -> tuple[Tensor, Tensor]:
     """O (Z, H, n_q, 64) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp, as `launch_fwd`.
     A program owns 64 * warpgroups queries; block_n keys per tile, stages tiles in flight.
-    `kernel`: launched through Triton's own dispatch instead of directly (to time the difference)."""
+    `kernel`: launched through Triton's own dispatch instead of directly (to time the difference).
+    `group`: heads whose programs run together (default `heads_per_group`: K and V are re-read)."""
     import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -69,7 +82,11 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     maxnreg, math_regs = register_split(warpgroups)
     grid = (triton.cdiv(n_q, ROWS * warpgroups), Z * H)
-    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1])
+    if group is None:
+        group = heads_per_group(Z * H, 2 * n_k * d * q.element_size(), d)
+    if not 1 <= group <= Z * H:
+        raise ValueError(f"launch_fwd_ws: group must be in [1, {Z * H}], got {group}")
+    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1], group)
     constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
                       num_warps=4, maxnreg=maxnreg)
     if kernel is None:

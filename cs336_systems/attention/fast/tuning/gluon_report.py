@@ -64,7 +64,7 @@ def fwd_report(d: int, causal: bool, block_n: int, stages: int, warpgroups: int)
     x = torch.empty(n, d, dtype=torch.bfloat16)
     maxnreg, math_regs = register_split(warpgroups)
     args = (_descriptor(x, ROWS, d), _descriptor(x, block_n, d), _descriptor(x, block_n, d),
-            torch.empty(n, d, dtype=torch.bfloat16), torch.empty(n), n, n, 0.1)
+            torch.empty(n, d, dtype=torch.bfloat16), torch.empty(n), n, n, 0.1, 1)
     return compile_gluon(fwd_ws_kernel, args, dict(D=d, BN=block_n, STAGES=stages, CAUSAL=causal,
                                                    MATH_REGS=math_regs, NW=warpgroups, num_warps=4,
                                                    maxnreg=maxnreg))
