@@ -110,3 +110,15 @@ def test_gpu_head_dim_128_matches_the_reference(shape, is_causal, dtype, block_n
     err = float((o.double() - want_o).norm() / want_o.norm())
     assert err < 1e-2, f"O: relative error {err:.3g}"
     assert float((L.double() - want_L).abs().max()) < 2e-2, "L"
+
+
+def test_heads_per_group_keeps_a_groups_tensors_within_the_l2_budget(monkeypatch):
+    monkeypatch.setattr(fwd_ws, "_sm_count", lambda device: 132)
+    mib = 1 << 20
+    # the step's forward: K and V of one 32,768-token head are 16 MiB, so one head at a time
+    assert fwd_ws.heads_per_group(32, 16 * mib, 128, 256, "cuda") == 1
+    # 4,096 tokens: 2 MiB a head, twelve heads fit 24 MiB (64 heads, 2,048 programs: many waves)
+    assert fwd_ws.heads_per_group(64, 2 * mib, 128, 32, "cuda") == 12
+    # a launch of at most four waves runs as one group; d = 64 always does
+    assert fwd_ws.heads_per_group(16, 2 * mib, 128, 32, "cuda") == 16
+    assert fwd_ws.heads_per_group(32, 16 * mib, 64, 256, "cuda") == 32

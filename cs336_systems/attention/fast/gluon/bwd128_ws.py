@@ -79,7 +79,7 @@ def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, sl
     sm_scale, qk_scale = _scales(d)
     q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
     if group is None:
-        group = heads_per_group(Z * H, n_q * d * (2 * q.element_size() + 4), d)
+        group = heads_per_group(Z * H, n_q * d * (2 * q.element_size() + 4), d, n_k // BN, q.device)
     if not 1 <= group <= Z * H:
         raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
     args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, qk_scale, sm_scale, group)
