@@ -97,6 +97,17 @@ def test_the_10b_training_step_cannot_fit_an_h200_but_its_forward_backward_can_b
     assert fwd_bwd["over_capacity_gib"] < -30
 
 
+def test_on_the_cpu_a_size_beyond_the_hosts_memory_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    # a CPU out of memory kills the process (or the shared machine): refuse by arithmetic there
+    monkeypatch.setattr(sweeps, "host_memory_bytes", lambda: 24.0 * GIB)
+    with pytest.raises(SystemExit) as exc:
+        sweeps.main(["--part", "phases", "--device", "cpu", "--results-dir", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--phase-sizes" in err and "2.7B needs 51 GiB" in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.rglob("*.jsonl"))
+
+
 def test_every_2026_size_is_attempted_10b_included(tmp_path, monkeypatch):
     """No cell is refused by the arithmetic: the sweep asks for all 2026 sizes by default (a fake
     model cache and measurement here, so nothing of 10B is built on the CPU)."""
@@ -115,6 +126,7 @@ def test_every_2026_size_is_attempted_10b_included(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweeps, "ModelCache", NoModels)
     monkeypatch.setattr(sweeps, "measure_phases", fake)
+    monkeypatch.setattr(sweeps, "host_memory_bytes", lambda: float("inf"))  # as on a GPU: no refusal
     argv = ["--part", "phases", "--dtypes", "fp32", "--device", "cpu", "--results-dir", str(tmp_path)]
     assert sweeps.main(argv) == 0
     widths = [get_config(s).d_model for s in edition_presets("2026")]

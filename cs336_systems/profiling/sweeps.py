@@ -157,6 +157,31 @@ def capacity_bytes(device: str) -> float | None:
     return torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
 
 
+def host_memory_bytes() -> float:
+    """This machine's physical memory (Linux); infinity where it cannot be read."""
+    import os
+
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return float("inf")
+
+
+def check_phase_sizes_fit_the_host(p, args) -> None:
+    """On the CPU an out-of-memory is the kernel killing the process (a shared machine's, perhaps),
+    not an exception to store: refuse, before anything runs, a size whose fp32 state (16 bytes per
+    parameter with AdamW) exceeds the host's memory. On a GPU every size is attempted."""
+    if torch.device(args.device).type == "cuda":
+        return
+    ram = host_memory_bytes()
+    for size in args.phase_sizes:
+        need = step_memory(get_config(size), mode="train", batch=4, context=args.context)["end_of_backward_gib"]
+        if need * 2**30 > ram:
+            p.error(f"--phase-sizes: {size} needs {need:.0f} GiB of fp32 weights, gradients and AdamW state, "
+                    f"more than this machine's {ram / 2**30:.0f} GiB; on the CPU pass --phase-sizes tiny "
+                    f"(or a --part other than phases)")
+
+
 def phases(p, args) -> int:
     store = open_store(p, "end-to-end/phases", ["size", "context", "mode", "dtype", "warmup", "steps"], args)
     cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d,
@@ -208,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(warmup_trace(**json.loads(args.child))))
         return 0
     check_device(p, args)
+    if "phases" in (args.part or PARTS):
+        check_phase_sizes_fit_the_host(p, args)
     parts = {"timings": timings, "warmup": warmup, "compile": compile_part, "phases": phases}
     return worst(*(parts[part](p, args) for part in args.part or PARTS))
 
