@@ -301,29 +301,30 @@ def test_checkpoint_bench_on_cpu(tmp_path):
     assert rows[1]["segments"] == 2 and rows[0]["segments"] == 0
 
 
-def test_checkpoint_bench_measures_the_sub_block_granularities_beside_old_rows(tmp_path):
-    """A row written before the `sublayers` field existed is the whole-block cell ("none"): it is
-    not measured again unless --remeasure; the sub-block cells are new cells of the same file."""
+def test_checkpoint_bench_measures_the_sub_block_granularities_in_a_file_of_their_own(tmp_path):
+    """The sub-block cells go beside the block-size file, not into it (whose readers key rows by k
+    alone); --remeasure measures stored cells of both again."""
     import json
 
-    from cs336_systems.bench.store import ResultStore
+    from cs336_systems.bench.store import results_path
     from cs336_systems.profiling import checkpoint_bench as cb
 
     argv = ["--size", "tiny", "--context", "16", "--batch", "2", "--ks", "1", "--warmup", "0",
             "--steps", "1", "--device", "cpu", "--results-dir", str(tmp_path)]
-    old = ResultStore(cb.BENCH, [k for k in cb.KEY if k != "sublayers"], device="cpu", root=tmp_path)
-    old.append({"size": "tiny", "context": 16, "batch": 2, "mode": "forward-backward", "dtype": "fp32",
-                "attention": "naive", "checkpoint_every": 1, "warmup": 0, "steps": 1}, {"mean_ms": 1.0})
     assert cb.main([*argv, "--sublayers", "attn,ffn,attn+ffn"]) == 0
-    stored = [json.loads(line) for line in old.path.read_text().splitlines()]
-    assert [r.get("sublayers") for r in stored] == [None, "attn", "ffn", "attn+ffn"]  # k = 1 kept, not redone
-    by = {r["sublayers"]: r for r in stored[1:]}
+    blocks = results_path(cb.BENCH, "cpu", tmp_path)
+    inside = results_path(cb.SUBLAYER_BENCH, "cpu", tmp_path)
+    assert [json.loads(line)["checkpoint_every"] for line in blocks.read_text().splitlines()] == [1]
+    by = {r["sublayers"]: r for r in map(json.loads, inside.read_text().splitlines())}
+    assert set(by) == {"attn", "ffn", "attn+ffn"}
     assert all(r["status"] == "ok" and r["checkpoint_every"] == 0 for r in by.values())
     saved = {g: r["saved_after_forward_gib"] for g, r in by.items()}
     assert saved["attn+ffn"] < min(saved["attn"], saved["ffn"])
     assert by["attn+ffn"]["segments"] == 2 * get_config("tiny").num_layers
-    assert cb.main([*argv, "--remeasure"]) == 0
-    assert len(old.path.read_text().splitlines()) == 5  # k = 1 measured again, appended
+    assert cb.main([*argv, "--sublayers", "attn"]) == 0  # stored: nothing measured
+    assert len(inside.read_text().splitlines()) == 3 and len(blocks.read_text().splitlines()) == 1
+    assert cb.main([*argv, "--sublayers", "attn", "--remeasure"]) == 0
+    assert len(inside.read_text().splitlines()) == 4 and len(blocks.read_text().splitlines()) == 2
 
 
 @pytest.mark.parametrize("argv, flag", [(["--ks", "0,3"], "--ks"), (["--ks", "-1"], "--ks"),

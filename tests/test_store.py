@@ -90,19 +90,6 @@ def test_an_oom_row_keeps_the_context_its_measurement_attached(tmp_path):
     assert row["oom_phase"] == "optimizer" and row["predicted_lower_bound_gib"] == 191.2
 
 
-def test_a_key_field_added_later_reads_older_rows_as_its_default(tmp_path):
-    old = ResultStore("demo/grown", key=["n"], root=tmp_path, device="cpu")
-    old.append({"n": 1}, {"v": 1})
-    grown = ResultStore("demo/grown", key=["n", "variant"], root=tmp_path, device="cpu",
-                        key_defaults={"variant": "plain"})
-    assert grown.has({"n": 1, "variant": "plain"}) and not grown.has({"n": 1, "variant": "fancy"})
-    assert grown.newest({"n": 1, "variant": "plain"})["v"] == 1
-    with pytest.raises(KeyError, match="variant"):  # without the default an older row is unreadable
-        ResultStore("demo/grown", key=["n", "variant"], root=tmp_path, device="cpu")
-    with pytest.raises(ValueError, match="outside the key"):
-        ResultStore("demo/grown", key=["n"], root=tmp_path, device="cpu", key_defaults={"variant": "plain"})
-
-
 def test_a_sweep_with_a_failed_cell_exits_1_naming_it(tmp_path, capsys):
     store = ResultStore("demo/fail", key=["n"], root=tmp_path, device="cpu")
 

@@ -102,12 +102,11 @@ def check_cuda(p: argparse.ArgumentParser, device: str, gpus: int = 1, flag: str
 
 
 def open_store(p: argparse.ArgumentParser, bench: str, key: Iterable[str], *,
-               device: str | None = None, root: str | Path | None = None,
-               key_defaults: dict[str, Any] | None = None) -> ResultStore:
+               device: str | None = None, root: str | Path | None = None) -> ResultStore:
     """The store of `bench`, checked before anything is measured: a file that is not ours, or
     committed results from uncommitted code, is a one-line CLI error (exit 2)."""
     try:
-        store = ResultStore(bench, key, device=device, root=root, key_defaults=key_defaults)
+        store = ResultStore(bench, key, device=device, root=root)
         store.check_writable()
         return store
     except (NotOurResultsFile, UncommittedCode) as exc:

@@ -192,21 +192,15 @@ class ResultStore:
     """Append-only rows for one benchmark on one device class.
 
     `key` names the configuration fields that identify a cell; `has(config)` tells whether a
-    finished row (status ok/oom/unsupported) for that cell is already stored. `key_defaults` gives
-    a key field added after rows were written the value those older rows mean (a row lacking it is
-    that cell), so a grid can grow a dimension without rewriting its file.
+    finished row (status ok/oom/unsupported) for that cell is already stored.
     """
 
     def __init__(self, bench: str, key: Iterable[str], *, device: str | None = None,
-                 root: str | Path | None = None, key_defaults: Mapping[str, Any] | None = None):
+                 root: str | Path | None = None):
         self.bench = bench
         self.key = tuple(key)
         if not self.key:
             raise ValueError("key must name at least one configuration field")
-        self.key_defaults = dict(key_defaults or {})
-        extra = set(self.key_defaults) - set(self.key)
-        if extra:
-            raise ValueError(f"key_defaults name fields outside the key: {sorted(extra)}")
         self.path = results_path(bench, device, root)
         self._done: set[tuple] = set()
         for row in self.rows():
@@ -214,10 +208,10 @@ class ResultStore:
                 self._done.add(self._key_of(row))
 
     def _key_of(self, config: Mapping[str, Any]) -> tuple:
-        missing = [k for k in self.key if k not in config and k not in self.key_defaults]
+        missing = [k for k in self.key if k not in config]
         if missing:
             raise KeyError(f"configuration lacks key field(s) {missing} of bench {self.bench!r}")
-        return tuple(json.dumps(config.get(k, self.key_defaults.get(k)), sort_keys=True) for k in self.key)
+        return tuple(json.dumps(config[k], sort_keys=True) for k in self.key)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every stored row; a skipped line (a torn tail, say) is reported by a SkippedLineWarning."""

@@ -9,9 +9,10 @@ its neighbours can be read off one run. Rows: results/memory/checkpointing/<devi
 `--sublayers attn,ffn,attn+ffn` adds the granularities finer than a block (the "next smaller" than
 k = 1): inside every block, the attention branch alone, the feed-forward branch alone, or each on
 its own (TransformerLM.checkpoint_sublayers; checkpoint_theory.sublayer_peak is their arithmetic).
-Their rows have k = 0 and `sublayers` set; rows written before that field existed mean "none".
-`--remeasure` measures the selected cells again (the old rows stay; readers keep the newest), so
-k = 1 and 2 can be timed in the same run as the sub-block cells.
+Their rows go to results/memory/checkpointing_sublayers/<device>.jsonl (k = 0 there, `sublayers`
+naming the granularity), so the block-size file keeps one row kind. `--remeasure` measures the
+selected cells again (the old rows stay; readers keep the newest), so k = 1 and 2 can be timed in
+the same run as the sub-block cells.
 
 Per k: --warmup untimed steps, then --steps timed (profiling.benchmark.measure: the allocator's peak
 over the timed steps on CUDA), then one forward whose saved tensors are counted (what the forward
@@ -39,8 +40,9 @@ from .checkpointing import LiveTensorBytes
 from .steps import DTYPES, MODES, autocast_context, build_model, random_batch
 
 BENCH = "memory/checkpointing"
-KEY = ["size", "context", "batch", "mode", "dtype", "attention", "checkpoint_every", "sublayers", "warmup", "steps"]
-KEY_DEFAULTS = {"sublayers": "none"}  # rows from before sub-block checkpointing checkpointed whole blocks
+KEY = ["size", "context", "batch", "mode", "dtype", "attention", "checkpoint_every", "warmup", "steps"]
+SUBLAYER_BENCH = "memory/checkpointing_sublayers"
+SUBLAYER_KEY = [*KEY, "sublayers"]
 SUBLAYER_CHOICES = {"attn": ("attn",), "ffn": ("ffn",), "attn+ffn": ("attn", "ffn")}
 GIB = 2**30
 
@@ -91,16 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     too_big = [k for k in args.ks if k > cfg.num_layers]
     if too_big:
         p.error(f"--ks: {too_big} exceed the {args.size} model's {cfg.num_layers} layers")
-    store = open_store(p, BENCH, KEY, device=None if args.device.startswith("cuda") else "cpu",
-                       root=args.results_dir, key_defaults=KEY_DEFAULTS)
+    slug = None if args.device.startswith("cuda") else "cpu"
+    store = open_store(p, BENCH, KEY, device=slug, root=args.results_dir)
+    sub_store = open_store(p, SUBLAYER_BENCH, SUBLAYER_KEY, device=slug, root=args.results_dir)
     dev = torch.device(args.device)
     base = {"size": args.size, "context": args.context, "batch": args.batch, "mode": args.mode,
             "dtype": args.dtype, "attention": args.attention, "warmup": args.warmup, "steps": args.steps}
-    cells = ([{**base, "checkpoint_every": k, "sublayers": "none"} for k in args.ks]
-             + [{**base, "checkpoint_every": 0, "sublayers": g} for g in args.sublayers])
+    cells = [{**base, "checkpoint_every": k} for k in args.ks]
+    sub_cells = [{**base, "checkpoint_every": 0, "sublayers": g} for g in args.sublayers]
     if args.remeasure:
-        for cell in cells:
-            store.forget(cell)
+        for st, cs in ((store, cells), (sub_store, sub_cells)):
+            for cell in cs:
+                st.forget(cell)
     model = None
 
     def run(cell: dict) -> dict:
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         k = cell["checkpoint_every"]
         model.checkpoint_sublayers = ()  # one granularity at a time: clear the other first
         model.checkpoint_every = k
-        model.checkpoint_sublayers = SUBLAYER_CHOICES.get(cell["sublayers"], ())
+        model.checkpoint_sublayers = SUBLAYER_CHOICES.get(cell.get("sublayers"), ())
         params_bytes = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
         with use_attention(args.attention):
             out = measure(model, cfg, mode=args.mode, dtype=args.dtype, batch=args.batch,
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             out["saved_after_forward_gib"] = saved_after_forward(model, x, y, args.dtype) / GIB
             if dev.type == "cpu":
                 out["live_peak_gib"] = live_peak_of_step(model, x, y, args.dtype) / GIB
-        branches = len(SUBLAYER_CHOICES.get(cell["sublayers"], ()))
+        branches = len(SUBLAYER_CHOICES.get(cell.get("sublayers"), ()))
         out["segments"] = math.ceil(cfg.num_layers / k) if k else branches * cfg.num_layers
         # one segment input: the fp32 residual stream (b, s, d)
         out["checkpoint_gib"] = 4 * args.batch * args.context * cfg.d_model / GIB
@@ -130,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         out["params_gib"] = params_bytes / GIB if params_bytes is not None else None
         return out
 
-    return exit_code(run_sweep(store, cells, run, desc="checkpointing"), BENCH)
+    written = run_sweep(store, cells, run, desc="checkpointing") if cells else []
+    written += run_sweep(sub_store, sub_cells, run, desc="checkpointing inside blocks") if sub_cells else []
+    return exit_code(written, BENCH)
 
 
 if __name__ == "__main__":
