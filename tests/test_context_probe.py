@@ -80,8 +80,11 @@ def test_the_kernel_sweep_profiles_the_longest_context_that_fits_and_the_two_bel
     probed = rows(tmp_path / "profiling" / "context_probe" / "cpu.jsonl")
     assert [(r["context"], r["status"]) for r in probed] == [(8, "ok"), (16, "ok"), (32, "ok"), (64, "oom")]
     assert len(probed[0]["step_ms"]) == context_probe.PROBE_STEPS
-    cells = rows(tmp_path / "profiling" / "kernel_cells" / "cpu.jsonl")
+    cells = rows(tmp_path / "profiling" / "longest_fit_cells" / "cpu.jsonl")
     assert [(r["size"], r["context"], r["status"]) for r in cells] == [("tiny", c, "ok") for c in (8, 16, 32)]
+    kernels = rows(tmp_path / "profiling" / "longest_fit_kernels" / "cpu.jsonl")
+    assert {r["cell_run"] for r in kernels} == {r["cell_run"] for r in cells}
+    assert not (tmp_path / "profiling" / "kernel_cells").exists()  # the 2025 grid's file: untouched
     assert "the longest context that fits is 32, 64 does not" in capsys.readouterr().err
 
 

@@ -11,8 +11,10 @@ cells whose newest row was counted by an older attribution (kernel_attribution.A
 contexts above 128, the largest the longest that fits): for each size it first probes the longest
 power-of-two context at which the step fits, from --probe-start (256) doubling until the first
 out-of-memory (context_probe.py; rows in results/profiling/context_probe/, the OOM one included),
-then profiles that context and the two powers of two below it. One model per size, built at
---probe-limit, serves the probe and the profiles, so both see the same resident memory.
+then profiles that context and the two powers of two below it, into results/profiling/
+longest_fit_cells/ and longest_fit_kernels/ (the 2025 grid's files keep their 4 x 5 cells). One
+model per size, built at --probe-limit, serves the probe and the profiles, so both see the same
+resident memory.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ SIZES = [*PRESETS, *PRESETS_EXTRA]
 KERNEL_KEY = [*CELL_KEY, "phase", "region", "kernel"]
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 CPU_ATTRIBUTION = "cpu-self-time"  # CPU runs: each op's self CPU time stands in for kernels
+# --longest-fit's profiles (the 2026 nsys_profile cells), beside the 2025 grid's files
+LONGEST_CELLS, LONGEST_KERNELS = "profiling/longest_fit_cells", "profiling/longest_fit_kernels"
 
 
 def summarize(rows: list[dict], totals: dict[str, dict]) -> dict:
@@ -125,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     pairs = args.cells if args.cells is not None else [(s, c) for s in args.sizes for c in args.contexts]
     if not pairs:
         p.error("--cells: expected at least one SIZE:CONTEXT")
-    cells_store = open_store(p, "profiling/kernel_cells", CELL_KEY, args)
-    kernel_store = open_store(p, "profiling/kernels", KERNEL_KEY, args)
+    longest = args.longest_fit is not None
+    cells_store = open_store(p, LONGEST_CELLS if longest else "profiling/kernel_cells", CELL_KEY, args)
+    kernel_store = open_store(p, LONGEST_KERNELS if longest else "profiling/kernels", KERNEL_KEY, args)
     models = ModelCache(args.device)
     max_ctx: dict[str, int] = {}
     if args.longest_fit is not None:
