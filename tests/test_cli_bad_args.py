@@ -30,6 +30,8 @@ CASES = [
     ("end-to-end", ["--modes", "sideways"], "--modes"),
     ("end-to-end", ["--sizes", "huge"], "--sizes"),
     ("end-to-end", ["--budget-s", "0"], "--budget-s"),
+    ("end-to-end", ["--phase-sizes", "huge"], "--phase-sizes"),
+    ("end-to-end", ["--phase-modes", "sideways"], "--phase-modes"),
     ("kernels", ["--contexts", "0"], "--contexts"),
     ("kernels", ["--mode", "sideways"], "--mode"),
     ("kernels", ["--cells", "tiny:0"], "--cells"),

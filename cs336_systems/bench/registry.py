@@ -25,7 +25,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "end-to-end": Benchmark("cs336_systems.profiling.sweeps", "5 sizes x fwd/fwd+bwd/train, warm-up study, fp32 vs bf16, compiled"),
     "kernels": Benchmark("cs336_systems.profiling.kernel_sweep", "torch.profiler kernel tables, 5 sizes x 4 contexts"),
     "memory": Benchmark("cs336_systems.profiling.memory_sweep", "2.7B memory peaks and timelines"),
-    "checkpointing": Benchmark("cs336_systems.profiling.checkpoint_bench", "xl peak memory and step time per checkpoint block size k"),
+    "checkpointing": Benchmark("cs336_systems.profiling.checkpoint_bench",
+                                "xl peak memory and step time per checkpoint block size k, and inside a block"),
     "accumulation": Benchmark("cs336_systems.profiling.mixed_precision", "the four accumulation loops and the autocast dtype table", gpu=False),
     # Attention (docs/attention.md, docs/flash-attention.md)
     "attention": Benchmark("cs336_systems.attention.benchmarks.pytorch_sweep", "naive attention sweep, eager vs torch.compile"),
