@@ -156,3 +156,12 @@ def test_sharing_still_needs_one_gpu(capsys):
     with pytest.raises(SystemExit) as info:
         fsdp_bench.main(["--device", "cuda", "--backend", "gloo", "--ranks-per-gpu", "2"])
     assert info.value.code == 2 and "needs 1 CUDA GPU(s), 0 visible" in capsys.readouterr().err
+
+
+def test_one_gpu_for_two_gloo_ranks_points_at_sharing(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(fsdp_bench.torch.cuda, "device_count", lambda: 1)  # a one-GPU machine
+    with pytest.raises(SystemExit) as info:
+        fsdp_bench.main(["--device", "cuda", "--backend", "gloo", "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "1 visible" in err and "--ranks-per-gpu 2" in err
+    assert not any(tmp_path.iterdir())

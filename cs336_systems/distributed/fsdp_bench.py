@@ -411,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if in_torchrun() else world
     if local % args.ranks_per_gpu:
         parser.error(f"--ranks-per-gpu {args.ranks_per_gpu} must divide the {local} ranks of a host")
-    check_cuda(parser, args.device, gpus=gpus_needed(local, args.ranks_per_gpu))
+    need, have = gpus_needed(local, args.ranks_per_gpu), torch.cuda.device_count()
+    if args.device == "cuda" and 0 < have < need and args.backend == "gloo" and local % have == 0:
+        parser.error(f"--device cuda: {local} ranks need {need} GPU(s), {have} visible; gloo ranks "
+                     f"can share them: --ranks-per-gpu {local // have}")
+    check_cuda(parser, args.device, gpus=need)
     if args.batch_size < world or args.batch_size % world:
         parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
     if args.trace_dir is not None and args.ranks_per_gpu > 1:
