@@ -79,6 +79,13 @@ def test_without_the_gpus_nothing_runs():
     assert not _commands(out.stderr)
 
 
+def test_a_failed_gate_skips_the_rest_of_its_run(tmp_path):
+    # the one-GPU run's tiny GPU test gates its 2.7B run; a pytest that cannot start stands in
+    out = _script("shared", TINY="1", CS336_RESULTS_DIR=str(tmp_path), PYTEST_ADDOPTS="--no-such-flag")
+    assert out.returncode == 1 and "shared_b: skipped (shared_a failed)" in out.stderr
+    assert not (tmp_path / "fsdp").exists(), "the benchmark did not run"
+
+
 def _rows(root: Path, bench: str) -> list[dict]:
     return [json.loads(line) for line in (root / bench / "cpu.jsonl").read_text().splitlines()]
 
