@@ -1,5 +1,5 @@
 """fsdp_accounting: step time and peak memory per GPU of every data-parallel variant, side by side
-in one run (one process group, the same model and batch), and a profiled FSDP step.
+in one run (the same model, batch and ranks), and a profiled FSDP step.
 
     python -m cs336_systems.bench fsdp --device cuda --world-size 2      # xl, 2 GPUs, NCCL
     python -m cs336_systems.bench fsdp --device cpu --size tiny          # the same path on gloo
