@@ -68,6 +68,10 @@ CASES = [
     ("flash-ab-onepass", ["--configs", "64,64"], "--configs"),
     pytest.param("flash-reduce-probe", ["--tiles", "64,48"], "--tiles", marks=needs_triton),  # imports triton
     ("flash-onepass-ws", ["--variants", "128,2,2"], "--variants"),
+    ("flash-d128-probe", ["--cells", "1,32,4096"], "--cells"),
+    ("flash-d128-probe", ["--fwd-ws", "2,128"], "--fwd-ws"),
+    ("flash-ab-bwd128", ["--versions", "nope"], "--versions"),
+    ("flash-ab-bwd128", ["--settings", "2"], "--settings"),
     ("ceilings", ["--size", "huge"], "--size"),
     pytest.param("collectives", ["--backend", "nccl"], "--backend", marks=needs_no_gpu),
     ("collectives", ["--world-sizes", "1"], "--world-sizes"),

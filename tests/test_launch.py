@@ -180,3 +180,4 @@ def test_the_next_spawn_removes_directories_of_dead_parents(tmp_path):
     (stale / "rank0.pt").write_bytes(b"x")
     assert remove_stale_spawn_dirs(tmp_path) == [stale]
     assert not stale.exists() and live.exists()
+
