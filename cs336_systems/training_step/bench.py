@@ -3,6 +3,8 @@ at batch 2 x context 32,768 in bf16, timed by triton.testing.do_bench. Ours agai
 
     just bench training-step                                   # 8B, every GPU, stock then ours
     just bench training-step --variant ours --keep-blocks 4    # ours alone, last 4 blocks kept
+    just bench training-step --checkpoint selective,none:10 full:30,none:4   # two plans, each variant
+    just bench training-step --sweep 3                         # 3 plans chosen for this GPU's memory
     just bench training-step --variant plain --allow-oom       # the plain model: an OOM row
     just bench training-step --size tiny --device cpu --dtype fp32 --variant plain stock ours
     torchrun --nproc-per-node 2 -m cs336_systems.bench training-step      # or --world-size 2
@@ -12,6 +14,13 @@ checkpoint, fused torch AdamW, per-block checkpointing and compile, FSDP2), ours
 FlashAttention, fused LM head + cross-entropy, FusedAdamW, per-block checkpointing and compile,
 --shard). Several run one after another in one process group (memory freed between), so their
 ratios come from one run on the same machines. The global batch (--batch) is split over the ranks.
+
+Checkpointing (stock and ours): --checkpoint takes one or more plans, each variant runs each
+(checkpoint_plan.py: per block none, selective or full, as MODE:COUNT segments from the first
+block: full:22,selective:8,none:4; selective keeps the attention's outputs, selective+qkv+out+w13
+matmul outputs too); --keep-blocks k is the plan full,none:k; --sweep N runs N plans chosen for the
+memory (plan_search.py), saying which it skipped as predicted not to fit. Every row records its
+plan (flags.checkpoint).
 
 Before any process starts, the memory arithmetic (memory_budget.py) refuses a variant that cannot
 fit (the plain model's (h, S, S) attention scores at 32k: terabytes); --allow-oom runs it anyway
@@ -56,11 +65,13 @@ from cs336_systems.distributed.launch import RankFailed, Worker, in_torchrun, ru
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
+from .checkpoint_plan import BadPlan, parse_plan
 from .memory_budget import GIB, budget
+from .plan_search import sweep_plans
 from .rows import BENCH, CACHE_VARIABLES, DTYPES, KEY, REP_MS, WARMUP_MS, Plan, config_of, row_extras, row_metrics
 from .sharding import SHARDS
 from .train_step import StepOptions
-from .variants import VARIANTS, Recipe, recipe_of
+from .variants import VARIANTS, Recipe, recipe_of, with_plan
 
 
 def _say(worker: Worker, message: str) -> None:
@@ -80,13 +91,19 @@ def _gib(device: torch.device, what: str) -> float | None:
     return getattr(torch.cuda, what)(device) / GIB if device.type == "cuda" else None
 
 
+def _label(recipe: Recipe) -> str:
+    return recipe.variant if recipe.variant == "plain" else f"{recipe.variant} [{recipe.checkpoint}]"
+
+
 def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     """Build the variant, run its first step, time it: this rank's numbers."""
     from .timing import time_train_step
     from .variants import build, sdpa_backend
 
     dev, started = worker.device, time.time()
-    _say(worker, f"{recipe.variant}: building ({plan.size}, {plan.dtype_name}, batch {plan.batch}, "
+    if dev.type == "cuda" and recipe.expandable_segments:  # every recipe of a run has the same setting
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    _say(worker, f"{_label(recipe)}: building ({plan.size}, {plan.dtype_name}, batch {plan.batch}, "
                  f"context {plan.cfg.context_length}, {worker.world_size} rank(s))")
     step = build(recipe, plan.options, plan.cfg, worker, plan.batch)
     sdpa = (sdpa_backend(plan.cfg, plan.batch // worker.world_size, DTYPES[plan.dtype_name], dev)
@@ -95,7 +112,7 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     after_build = _gib(dev, "memory_allocated")
     if dev.type == "cuda":  # the fp32 initialisation's transient is not the step's
         torch.cuda.reset_peak_memory_stats(dev)
-    _say(worker, f"{recipe.variant}: first step" + (" (compiling)" if recipe.compile else ""))
+    _say(worker, f"{_label(recipe)}: first step" + (" (compiling)" if recipe.compile else ""))
     t = time.perf_counter()
     step()
     synchronize(dev)
@@ -105,7 +122,7 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     first_peak = _gib(dev, "max_memory_allocated")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    _say(worker, f"{recipe.variant}: first step {first_step_s:.2f} s; timing (warmup {plan.warmup_ms:g} ms, "
+    _say(worker, f"{_label(recipe)}: first step {first_step_s:.2f} s; timing (warmup {plan.warmup_ms:g} ms, "
                  f"rep {plan.rep_ms:g} ms)")
     timing = time_train_step(step, worker, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms,
                              first_step_s=first_step_s)
@@ -149,13 +166,13 @@ def run_variants(worker: Worker, plan: Plan) -> list[str]:
         if failed:
             rank, g = failed[0]
             store.append(config, extras, status=status, error=f"rank {rank}: {g['error']}")
-            _say(worker, f"{recipe.variant}: {status}: rank {rank}: {g['error']}")
+            _say(worker, f"{_label(recipe)}: {status}: rank {rank}: {g['error']}")
             continue
         metrics = row_metrics(plan, recipe, worker.world_size, [g["metrics"] for g in got], worker.device)
         r = store.append(config, {**metrics, **extras})
         mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] else ""
         peak = f", peak {r['peak_allocated_gib']:.1f} GiB/GPU" if r["peak_allocated_gib"] else ""
-        _say(worker, f"{recipe.variant}: {r['step_ms']:.1f} ms/step (median of {r['n_timed']}){mfu}{peak}; "
+        _say(worker, f"{_label(recipe)}: {r['step_ms']:.1f} ms/step (median of {r['n_timed']}){mfu}{peak}; "
                      f"loss {r['loss_first_step']:.4f} -> {r['loss_last']:.4f}")
     return statuses
 
@@ -204,9 +221,9 @@ def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
     """After ranks died (a rank killed, a collective timed out): an error row for each variant that
     has none from this run."""
     store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir)
-    done = {r["variant"] for r in store.rows() if r.get("run_id") == plan.run_id}
+    done = {(r["variant"], r["flags"].get("checkpoint")) for r in store.rows() if r.get("run_id") == plan.run_id}
     for recipe in plan.recipes:
-        if recipe.variant not in done:
+        if (recipe.variant, recipe.checkpoint) not in done:
             store.append(config_of(plan, recipe, world), row_extras(plan, recipe, world), status="error", error=why)
 
 
@@ -224,8 +241,21 @@ def build_parser() -> Parser:
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="parameters, gradients, AdamW moments, activations (default bf16 on cuda; fp32 on "
                         "the CPU, where the Triton interpreter has no bf16)")
-    p.add_argument("--keep-blocks", type=at_least(0), default=0,
-                   help="stock and ours: the last k blocks run without activation checkpointing (default 0)")
+    p.add_argument("--checkpoint", nargs="+", default=None, metavar="PLAN",
+                   help="stock and ours: checkpoint plans, each variant runs each (one row per plan): per "
+                        "block none, selective or full as MODE:COUNT segments from the first block, e.g. "
+                        "full:22,selective:8,none:4; one segment may leave out its count and take the rest "
+                        "(selective,none:10); selective keeps the attention's outputs, selective+qkv+out+w13 "
+                        "those matmuls' outputs too (default: --keep-blocks')")
+    p.add_argument("--keep-blocks", type=at_least(0), default=None,
+                   help="stock and ours: the last k blocks kept, the others fully checkpointed: the plan "
+                        "full,none:k (default 0: every block full)")
+    p.add_argument("--sweep", type=at_least(1), default=None, metavar="N",
+                   help="stock and ours: run N checkpoint plans chosen for the memory (--memory-per-rank-gib or "
+                        "the GPU's) by the memory arithmetic, around the predicted best; plans predicted not to "
+                        "fit are skipped with a line")
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="the CUDA caching allocator's expandable segments (less fragmentation; in the flags)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="stock and ours: torch.compile each block (default: on with cuda, off on the CPU)")
     p.add_argument("--shard", choices=SHARDS, default=None,
@@ -257,6 +287,27 @@ def _capacity_bytes(device: str, world_local: int) -> tuple[float, str]:
     return ram / world_local, f"this host's RAM / {world_local} rank(s)"
 
 
+def _sweep(parser: Parser, base: Recipe, cfg, options: StepOptions, world: int, batch_per_rank: int,
+           capacity: float, where: str, n: int) -> list[Recipe]:
+    """The recipes of the plans --sweep tries for `base`'s variant (plan_search.py), with a line for
+    each chosen plan and each skipped one; none predicted to fit is a CLI error."""
+    def layout_of(p):
+        return with_plan(base, p.text).layout(options.dtype)
+
+    chosen, skipped = sweep_plans(cfg, layout_of, world, batch_per_rank, cfg.context_length, capacity, n)
+    if not chosen:
+        parser.error(f"--sweep: no plan of {base.variant} is predicted to fit {capacity / GIB:.1f} GiB ({where}): "
+                     f"even {skipped[0].plan.text} needs {skipped[0].budget.estimate / GIB:.1f} GiB")
+    for c in skipped:
+        print(f"[{BENCH}] {base.variant}: sweep skips {c.plan.kept_blocks} kept block(s): even "
+              f"{c.plan.text} is predicted to need {c.budget.estimate / GIB:.1f} GiB, more than "
+              f"{capacity / GIB:.1f} GiB ({where})", file=sys.stderr)
+    for i, c in enumerate(chosen):
+        print(f"[{BENCH}] {base.variant}: sweep plan {i + 1}/{len(chosen)}: {c.plan.text} (predicted "
+              f"{c.budget.estimate / GIB:.1f} GiB, {c.recompute_flops / 1e12:.1f} TFLOP recomputed)", file=sys.stderr)
+    return [with_plan(base, c.plan.text) for c in chosen]
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
     parser = build_parser()
@@ -273,27 +324,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch % world:
         parser.error(f"--batch {args.batch} must split evenly over {world} ranks")
     cfg = get_config(args.size, args.context)
-    if args.keep_blocks > cfg.num_layers:
+    chosen = [f for f, v in (("--checkpoint", args.checkpoint), ("--keep-blocks", args.keep_blocks),
+                             ("--sweep", args.sweep)) if v is not None]
+    if len(chosen) > 1:
+        parser.error(f"{chosen[0]} and {chosen[1]}: give one (--keep-blocks k is --checkpoint full,none:k)")
+    if args.keep_blocks is not None and args.keep_blocks > cfg.num_layers:
         parser.error(f"--keep-blocks {args.keep_blocks}: the {args.size} model has {cfg.num_layers} blocks")
+    plans = []
+    for text in args.checkpoint or []:
+        try:
+            plans.append(parse_plan(text, cfg.num_layers).text)
+        except BadPlan as exc:
+            parser.error(f"--checkpoint {text}: {exc} (the {args.size} model has {cfg.num_layers} blocks)")
     dtype_name = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.device == "cpu" and dtype_name == "bf16" and "ours" in args.variant:
         parser.error("--dtype bf16: ours runs its Triton kernels under the interpreter on the CPU, which "
                      "has no bf16; use --dtype fp32")
-    options = StepOptions(dtype=DTYPES[dtype_name], keep_blocks=args.keep_blocks,
+    options = StepOptions(dtype=DTYPES[dtype_name], keep_blocks=args.keep_blocks or 0,
                           compile=args.compile if args.compile is not None else args.device == "cuda",
-                          shard=args.shard, loss_chunk=args.loss_chunk, seed=args.seed)
+                          shard=args.shard, loss_chunk=args.loss_chunk, seed=args.seed,
+                          expandable_segments=args.expandable_segments)
     if options.compile and args.shard == "fsdp" and "ours" in args.variant:
         parser.error("--shard fsdp: our FSDP's per-layer hooks make torch.compile recompile every block "
                      "until its limit (then it runs eagerly); add --no-compile (compiling is the default on cuda)")
-    recipes = tuple(recipe_of(v, options, cfg, world, args.device) for v in dict.fromkeys(args.variant))
     if args.memory_per_rank_gib is not None:
         capacity, where = args.memory_per_rank_gib * GIB, "--memory-per-rank-gib"
     else:
         capacity, where = _capacity_bytes(args.device, local)
+    recipes: list[Recipe] = []
+    for base in (recipe_of(v, options, cfg, world, args.device) for v in dict.fromkeys(args.variant)):
+        if base.variant == "plain":  # the model as written: no plan to choose
+            recipes.append(base)
+        elif plans:
+            recipes.extend(with_plan(base, text) for text in dict.fromkeys(plans))
+        elif args.sweep is not None:
+            recipes.extend(_sweep(parser, base, cfg, options, world, args.batch // world, capacity, where, args.sweep))
+        else:
+            recipes.append(base)
     for recipe in recipes:
         need = budget(cfg, recipe.layout(options.dtype), world, args.batch // world, cfg.context_length)
         if need.lower_bound > capacity and not args.allow_oom:
-            parser.error(f"--variant {recipe.variant} cannot fit: it needs {need.explain()}, more than "
+            what = f"--variant {recipe.variant}" + (f" with --checkpoint {recipe.checkpoint}" if plans else "")
+            parser.error(f"{what} cannot fit: it needs {need.explain()}, more than "
                          f"{capacity / GIB:.1f} GiB ({where}); --allow-oom runs it anyway")
     slug = "cpu" if args.device == "cpu" else device_slug("cuda")
     open_store(parser, BENCH, KEY, device=slug, root=args.results_dir)
@@ -303,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     interpret = args.device == "cpu" and any(r.variant == "ours" for r in recipes)
     if interpret and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    plan = Plan(args.size, cfg, dtype_name, args.batch, recipes, options, args.warmup_ms, args.rep_ms,
-                args.cold_cache, args.results_dir, slug, started, uuid.uuid4().hex[:12])
+    plan = Plan(args.size, cfg, dtype_name, args.batch, tuple(recipes), options, args.warmup_ms, args.rep_ms,
+                args.cold_cache, args.results_dir, slug, started, uuid.uuid4().hex[:12],
+                sweep=args.sweep is not None)
     backend = "nccl" if args.device == "cuda" else "gloo"
     in_process = world == 1 and (not interpret or interpreting())  # read before run_environment sets it
     with run_environment(args.cold_cache, interpret):

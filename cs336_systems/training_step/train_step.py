@@ -29,10 +29,12 @@ class StepOptions:
 
     dtype: torch.dtype = torch.bfloat16   # parameters, gradients, AdamW moments, activations
     keep_blocks: int = 0                  # the last k blocks run without activation checkpointing
+    checkpoint: str | None = None         # a checkpoint plan (checkpoint_plan.py); None: keep_blocks'
     compile: bool = False                 # torch.compile each block's forward
     shard: str | None = None              # ours: none, ddp, fsdp2, fsdp; None: fsdp2 on >1 rank
     loss_chunk: int = 4096                # positions per chunk of the chunked / fused loss
     lr: float = 1e-3                      # AdamW, torch's defaults otherwise (betas, eps, wd 0.01)
+    expandable_segments: bool = False     # the CUDA caching allocator's expandable segments
     seed: int = 0
 
 
