@@ -427,6 +427,7 @@ def test_a_memory_limit_refuses_and_allow_oom_runs_anyway(tmp_path, capsys, monk
     (["--sweep", "0"], "--sweep"),
     (["--sweep", "2", "--memory-per-rank-gib", "1e-6"], "--sweep: no plan of stock"),
     (["--checkpoint", "selective:2", "--memory-per-rank-gib", "1e-6"], "--checkpoint selective:2 cannot fit"),
+    (["--trace-dir", "traces"], "--trace-dir"),                  # only with --profile
 ])
 def test_bad_arguments_name_the_flag(argv, flag, tmp_path, capsys, no_new_processes):
     assert flag in _refused([*TINY, *argv], tmp_path, capsys)

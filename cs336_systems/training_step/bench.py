@@ -5,6 +5,7 @@ at batch 2 x context 32,768 in bf16, timed by triton.testing.do_bench. Ours agai
     just bench training-step --variant ours --keep-blocks 4    # ours alone, last 4 blocks kept
     just bench training-step --checkpoint selective,none:10 full:30,none:4   # two plans, each variant
     just bench training-step --sweep 3                         # 3 plans chosen for this GPU's memory
+    just bench training-step --profile                         # one step under torch.profiler, by category
     just bench training-step --variant plain --allow-oom       # the plain model: an OOM row
     just bench training-step --size tiny --device cpu --dtype fp32 --variant plain stock ours
     torchrun --nproc-per-node 2 -m cs336_systems.bench training-step      # or --world-size 2
@@ -20,7 +21,9 @@ Checkpointing (stock and ours): --checkpoint takes one or more plans, each varia
 block: full:22,selective:8,none:4; selective keeps the attention's outputs, selective+qkv+out+w13
 matmul outputs too); --keep-blocks k is the plan full,none:k; --sweep N runs N plans chosen for the
 memory (plan_search.py), saying which it skipped as predicted not to fit. Every row records its
-plan (flags.checkpoint).
+plan (flags.checkpoint). --profile runs one step under torch.profiler instead of timing it and
+writes its kernel time by category (step_profile.py, breakdown.py) to
+results/training-step-profile/<device>.jsonl.
 
 Before any process starts, the memory arithmetic (memory_budget.py) refuses a variant that cannot
 fit (the plain model's (h, S, S) attention scores at 32k: terabytes); --allow-oom runs it anyway
@@ -65,6 +68,7 @@ from cs336_systems.distributed.launch import RankFailed, Worker, in_torchrun, ru
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
+from . import step_profile
 from .checkpoint_plan import BadPlan, parse_plan
 from .memory_budget import GIB, budget
 from .plan_search import sweep_plans
@@ -96,7 +100,8 @@ def _label(recipe: Recipe) -> str:
 
 
 def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
-    """Build the variant, run its first step, time it: this rank's numbers."""
+    """Build the variant, run its first step, time it (or, --profile, profile one step): this
+    rank's numbers."""
     from .timing import time_train_step
     from .variants import build, sdpa_backend
 
@@ -122,6 +127,13 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     first_peak = _gib(dev, "max_memory_allocated")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    if plan.profile:
+        _say(worker, f"{_label(recipe)}: first step {first_step_s:.2f} s; profiling one step")
+        trace = (os.path.join(plan.trace_dir, f"{recipe.variant}-{recipe.checkpoint}-rank{worker.rank}.json")
+                 if plan.trace_dir else None)
+        return {"breakdown": step_profile.profile_breakdown(step, dev, trace), "sdpa_backend": sdpa,
+                "first_step_s": first_step_s, "loss_first_step": loss_first,
+                "peak_allocated_gib": _gib(dev, "max_memory_allocated"), "first_step_peak_gib": first_peak}
     _say(worker, f"{_label(recipe)}: first step {first_step_s:.2f} s; timing (warmup {plan.warmup_ms:g} ms, "
                  f"rep {plan.rep_ms:g} ms)")
     timing = time_train_step(step, worker, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms,
@@ -149,9 +161,24 @@ def _attempt(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
         free_memory()
 
 
+def _write_profile(store: ResultStore, worker: Worker, plan: Plan, recipe: Recipe, got: list[dict]) -> None:
+    """One row per category of rank 0's profiled step (every rank ran one; rank 0's is recorded)."""
+    config, extras = config_of(plan, recipe, worker.world_size), row_extras(plan, recipe, worker.world_size)
+    mine = got[0]["metrics"]
+    shared = {k: mine[k] for k in ("sdpa_backend", "first_step_s", "loss_first_step", "peak_allocated_gib",
+                                   "first_step_peak_gib")}
+    for row in mine["breakdown"]:
+        store.append({**config, "category": row["category"]}, {**row, **shared, **extras, "profiled_rank": 0})
+    total = {r["category"]: r for r in mine["breakdown"]}
+    wall = next(iter(total.values()))["step_wall_ms"]
+    parts = ", ".join(f"{c} {r['ms']:.0f}" for c, r in total.items() if r["ms"] >= 0.05 * wall or c == "idle")
+    _say(worker, f"{_label(recipe)}: profiled step {wall:.1f} ms: {parts} (ms)")
+
+
 def run_variants(worker: Worker, plan: Plan) -> list[str]:
     """Every variant in turn on this rank; rank 0 writes each row as it finishes. Returns the statuses."""
-    store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir) if worker.rank == 0 else None
+    bench, key = (step_profile.BENCH, step_profile.KEY) if plan.profile else (BENCH, KEY)
+    store = ResultStore(bench, key, device=plan.device_slug, root=plan.results_dir) if worker.rank == 0 else None
     statuses = []
     for recipe in plan.recipes:
         if worker.world_size > 1:
@@ -165,8 +192,13 @@ def run_variants(worker: Worker, plan: Plan) -> list[str]:
         config, extras = config_of(plan, recipe, worker.world_size), row_extras(plan, recipe, worker.world_size)
         if failed:
             rank, g = failed[0]
+            if plan.profile:
+                config = {**config, "category": None}
             store.append(config, extras, status=status, error=f"rank {rank}: {g['error']}")
             _say(worker, f"{_label(recipe)}: {status}: rank {rank}: {g['error']}")
+            continue
+        if plan.profile:
+            _write_profile(store, worker, plan, recipe, got)
             continue
         metrics = row_metrics(plan, recipe, worker.world_size, [g["metrics"] for g in got], worker.device)
         r = store.append(config, {**metrics, **extras})
@@ -220,11 +252,15 @@ def run_environment(cold_cache: bool, interpret: bool):
 def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
     """After ranks died (a rank killed, a collective timed out): an error row for each variant that
     has none from this run."""
-    store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir)
+    bench, key = (step_profile.BENCH, step_profile.KEY) if plan.profile else (BENCH, KEY)
+    store = ResultStore(bench, key, device=plan.device_slug, root=plan.results_dir)
     done = {(r["variant"], r["flags"].get("checkpoint")) for r in store.rows() if r.get("run_id") == plan.run_id}
     for recipe in plan.recipes:
         if (recipe.variant, recipe.checkpoint) not in done:
-            store.append(config_of(plan, recipe, world), row_extras(plan, recipe, world), status="error", error=why)
+            config = config_of(plan, recipe, world)
+            if plan.profile:
+                config = {**config, "category": None}
+            store.append(config, row_extras(plan, recipe, world), status="error", error=why)
 
 
 def build_parser() -> Parser:
@@ -254,6 +290,12 @@ def build_parser() -> Parser:
                    help="stock and ours: run N checkpoint plans chosen for the memory (--memory-per-rank-gib or "
                         "the GPU's) by the memory arithmetic, around the predicted best; plans predicted not to "
                         "fit are skipped with a line")
+    p.add_argument("--profile", action="store_true",
+                   help="one step under torch.profiler instead of do_bench's timing: its kernel time by category "
+                        "(matmul, attention, recompute, elementwise, loss, optimizer, idle), rows in "
+                        "results/training-step-profile")
+    p.add_argument("--trace-dir", default=None,
+                   help="with --profile: write each profiled step's Chrome trace into this directory")
     p.add_argument("--expandable-segments", action="store_true",
                    help="the CUDA caching allocator's expandable segments (less fragmentation; in the flags)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -336,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             plans.append(parse_plan(text, cfg.num_layers).text)
         except BadPlan as exc:
             parser.error(f"--checkpoint {text}: {exc} (the {args.size} model has {cfg.num_layers} blocks)")
+    if args.trace_dir is not None and not args.profile:
+        parser.error("--trace-dir: only with --profile (it holds the profiled steps' traces)")
     dtype_name = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.device == "cpu" and dtype_name == "bf16" and "ours" in args.variant:
         parser.error("--dtype bf16: ours runs its Triton kernels under the interpreter on the CPU, which "
@@ -368,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{what} cannot fit: it needs {need.explain()}, more than "
                          f"{capacity / GIB:.1f} GiB ({where}); --allow-oom runs it anyway")
     slug = "cpu" if args.device == "cpu" else device_slug("cuda")
-    open_store(parser, BENCH, KEY, device=slug, root=args.results_dir)
+    if args.profile:
+        open_store(parser, step_profile.BENCH, step_profile.KEY, device=slug, root=args.results_dir)
+    else:
+        open_store(parser, BENCH, KEY, device=slug, root=args.results_dir)
     # Ours on the CPU: its Triton kernels run under the interpreter, which a process chooses when it
     # imports triton. A machine without CUDA has no other mode (tests/conftest.py sets the same); on
     # one with CUDA this process keeps its mode and the ranks, spawned, interpret.
@@ -377,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     plan = Plan(args.size, cfg, dtype_name, args.batch, tuple(recipes), options, args.warmup_ms, args.rep_ms,
                 args.cold_cache, args.results_dir, slug, started, uuid.uuid4().hex[:12],
-                sweep=args.sweep is not None)
+                profile=args.profile, trace_dir=args.trace_dir, sweep=args.sweep is not None)
     backend = "nccl" if args.device == "cuda" else "gloo"
     in_process = world == 1 and (not interpret or interpreting())  # read before run_environment sets it
     with run_environment(args.cold_cache, interpret):

@@ -33,12 +33,15 @@ from torch import nn
 from cs336_systems.model import TransformerLM
 from cs336_systems.model import attention as model_attention
 
+from .annotate import around_loss_backward, step_range
 from .checkpoint_plan import CheckpointPlan, plan_of_keep_blocks
 from .selective import install_plan
 
 
 class PlainLoss(nn.Module):
     """tokens (batch, seq), targets (batch, seq) -> F.cross_entropy of the model's fp32 logits."""
+
+    annotate = False  # no loss ranges: the head is inside the model's forward here
 
     def __init__(self, lm: TransformerLM):
         super().__init__()
@@ -54,6 +57,8 @@ class PlainLoss(nn.Module):
 
 class LanguageModelLoss(nn.Module):
     """tokens (batch, seq), targets (batch, seq) -> mean cross-entropy, an fp32 scalar."""
+
+    annotate = False  # True: the loss head's forward and backward in named ranges (annotate.py)
 
     def __init__(self, lm: TransformerLM, head: nn.Module, plan: CheckpointPlan | int = 0):
         super().__init__()
@@ -90,7 +95,13 @@ class LanguageModelLoss(nn.Module):
         return lm.ln_final(x)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(self.hidden(tokens), targets)
+        hidden = self.hidden(tokens)
+        if not self.annotate:
+            return self.lm.lm_head(hidden, targets)
+        with step_range("loss"):
+            loss = self.lm.lm_head(hidden, targets)
+        around_loss_backward(loss, hidden)
+        return loss
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """(batch, seq, vocab) in the parameter dtype: for comparisons, never the training step."""

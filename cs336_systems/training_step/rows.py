@@ -46,6 +46,8 @@ class Plan:
     device_slug: str
     started: float              # time.time() at main()'s start
     run_id: str
+    profile: bool = False       # one profiled step per recipe instead of do_bench (step_profile.py)
+    trace_dir: str | None = None  # --profile: where each profiled step's Chrome trace goes
     sweep: bool = False         # the recipes' plans were chosen by --sweep (plan_search.py)
 
 
