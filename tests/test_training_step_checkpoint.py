@@ -223,9 +223,8 @@ def _compiled_block_saved_bytes(attention: str, mode: str, dtype: torch.dtype, c
 
     torch._dynamo.reset()
     lm = init_lm(cfg, "cpu", dtype)
-    install_plan(lm, parse_plan(f"{mode}:{cfg.num_layers}", cfg.num_layers))
+    install_plan(lm, parse_plan(f"{mode}:{cfg.num_layers}", cfg.num_layers), compile=True)
     block = lm.layers[0]
-    block.forward = torch.compile(block.forward)
     x = torch.randn(BATCH, SEQ, cfg.d_model, dtype=dtype, requires_grad=True)
     mask, positions = torch.ones(1, 1, dtype=torch.bool), torch.arange(SEQ)
     resident = [*block.parameters(), *block.buffers(), *lm.rope.buffers(), mask, positions]

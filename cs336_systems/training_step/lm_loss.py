@@ -15,7 +15,7 @@ then the head, with two changes that the stock and our variants need:
 - each block runs under its mode of a checkpoint plan (checkpoint_plan.py): none, full
   (torch.utils.checkpoint: the block's input kept, the block recomputed) or selective (the
   attention's outputs, and chosen matmul outputs, kept; the rest recomputed). The checkpoint is
-  inside each block's forward (selective.py), so a compiled forward compiles it too. An int `plan`
+  inside each block's forward (selective.py), compiled with it (`compile`). An int `plan`
   n is the older switch: the first n blocks full, the last ones kept (their activations are the
   first the backward needs, and recomputing them buys little).
 
@@ -60,7 +60,8 @@ class LanguageModelLoss(nn.Module):
 
     annotate = False  # True: the loss head's forward and backward in named ranges (annotate.py)
 
-    def __init__(self, lm: TransformerLM, head: nn.Module, plan: CheckpointPlan | int = 0):
+    def __init__(self, lm: TransformerLM, head: nn.Module, plan: CheckpointPlan | int = 0,
+                 compile: bool = False):
         super().__init__()
         L = len(lm.layers)
         if isinstance(plan, int):
@@ -74,7 +75,7 @@ class LanguageModelLoss(nn.Module):
         lm.lm_head = head  # same weight, same name: lm_head.weight
         # the presence of a mask is the causal flag of SDPA and FlashAttention (module docstring)
         lm.causal_mask = torch.ones(1, 1, dtype=torch.bool, device=lm.causal_mask.device)
-        install_plan(lm, plan)  # each block's forward checkpoints itself as the plan says
+        install_plan(lm, plan, compile)  # each block's forward checkpoints itself as the plan says
         self.lm = lm
         self.plan = plan
         self.checkpointed_blocks = plan.checkpointed_blocks

@@ -1,10 +1,10 @@
 """Running each block under its checkpoint plan's mode (checkpoint_plan.py), compiled or not.
 
-    install_plan(lm, plan)       # each block's forward now checkpoints itself as the plan says
-    compile_blocks(lm)           # (variants.py) then torch.compile each block's forward
+    install_plan(lm, plan, compile=True)   # each block's forward checkpoints itself as the plan
+                                           # says, and is compiled, checkpoint included
 
-The checkpoint sits *inside* the block's forward, so when the forward is compiled the checkpoint is
-inside the compiled region: dynamo turns it into a tagged region, and the selective policy is
+The checkpoint sits *inside* the block's forward, and so inside the compiled region when the
+forward is compiled: dynamo turns it into a tagged region, and the selective policy is
 called while AOT autograd traces the block, marking each op MUST_SAVE or PREFER_RECOMPUTE; the
 partitioner then keeps the marked outputs and recomputes the rest inside the compiled backward.
 (A checkpoint wrapped around a compiled forward could not be selective: its policy runs as a
@@ -22,9 +22,12 @@ The policy (`BlockPolicy`, one per checkpointed call) saves:
   dispatches to one mm each). Each mm's weight shape is checked against that order, so a model
   that runs them otherwise fails loudly instead of saving the wrong tensors.
 
-Each block gets `functools.partial(run_block, block, mode, context_fn)`: the blocks of one mode share
-one code object, one mode string and one context_fn object, so torch.compile compiles once per mode
-(its guards compare those by value or identity) and treats each block's parameters as inputs.
+Each block's forward becomes `functools.partial(run, block, mode, context_fn)`, `run` being
+`run_block` or one torch.compile of it shared by every block. Not its __call__: the hooks of FSDP2
+and of our FSDP stay outside the compiled code. The compiled frame is run_block's, with the block an
+argument: every block has the same code, one mode string and one context_fn object per mode, so
+dynamo compiles once per mode (its guards compare those by value or identity) and treats each
+block's parameters as inputs.
 """
 
 from __future__ import annotations
@@ -112,10 +115,12 @@ def run_block(block: nn.Module, mode: str, contexts: Callable | None, x: torch.T
     return checkpoint(forward, block, x, causal_mask, positions, use_reentrant=False, context_fn=contexts)
 
 
-def install_plan(lm: nn.Module, plan: CheckpointPlan) -> None:
-    """Give every block of `lm` (a TransformerLM) the forward of its mode in `plan`."""
+def install_plan(lm: nn.Module, plan: CheckpointPlan, compile: bool = False) -> None:
+    """Give every block of `lm` (a TransformerLM) the forward of its mode in `plan`, compiled
+    (one torch.compile of run_block for all the blocks) or not."""
     if len(plan) != len(lm.layers):
         raise ValueError(f"the plan has {len(plan)} blocks, the model {len(lm.layers)}")
+    run = torch.compile(run_block) if compile else run_block
     for block, mode in zip(lm.layers, plan.modes):
         contexts = context_fn(mode) if mode.startswith("selective") else None
-        block.forward = functools.partial(run_block, block, mode, contexts)
+        block.forward = functools.partial(run, block, mode, contexts)

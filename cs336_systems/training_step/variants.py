@@ -123,16 +123,6 @@ def with_plan(recipe: Recipe, text: str) -> Recipe:
                    keep_blocks=plan.kept_blocks)
 
 
-def compile_blocks(lm: torch.nn.Module) -> None:
-    """torch.compile each block's forward (not its __call__: the hooks of FSDP2 and of our FSDP
-    stay outside the compiled code), checkpointing included (selective.py installs it inside the
-    forward, so a selective policy sees the compiled block's ops). The blocks of one checkpoint
-    mode share one code object, so one compilation serves all of them (dynamo treats the
-    parameters as inputs)."""
-    for block in lm.layers:
-        block.forward = torch.compile(block.forward)
-
-
 def _optimizer(name: str, params: list[torch.Tensor], lr: float):
     if name == "FusedAdamW":
         from torch.distributed.tensor import DTensor
@@ -154,10 +144,9 @@ def build(recipe: Recipe, options: StepOptions, cfg: ModelConfig, worker: Worker
         module = PlainLoss(lm)
     else:
         head_cls = FusedLossHead if recipe.loss == "fused" else ChunkedLossHead
+        # each block's forward compiled (recipe.compile), its checkpointing inside (selective.py)
         module = LanguageModelLoss(lm, head_cls(lm.lm_head.weight, recipe.loss_chunk),
-                                   parse_plan(recipe.checkpoint, cfg.num_layers))
-    if recipe.compile:
-        compile_blocks(lm)
+                                   parse_plan(recipe.checkpoint, cfg.num_layers), compile=recipe.compile)
     called, after_backward = shard(module, recipe.shard, worker.device, worker.world_size)
     optimizer = _optimizer(recipe.optimizer, list(called.parameters()), options.lr)
     tokens, targets = rank_batch(cfg, batch, cfg.context_length, worker.rank, worker.world_size,
