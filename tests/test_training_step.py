@@ -428,6 +428,9 @@ def test_a_memory_limit_refuses_and_allow_oom_runs_anyway(tmp_path, capsys, monk
     (["--sweep", "2", "--memory-per-rank-gib", "1e-6"], "--sweep: no plan of stock"),
     (["--checkpoint", "selective:2", "--memory-per-rank-gib", "1e-6"], "--checkpoint selective:2 cannot fit"),
     (["--trace-dir", "traces"], "--trace-dir"),                  # only with --profile
+    (["--variant", "stock", "--checkpoint", "ours=full:2"], "--checkpoint ours=full:2"),  # not in this run
+    (["--variant", "stock", "ours", "--checkpoint", "ours=full:2"], "no plan for stock"),
+    (["--variant", "stock", "--checkpoint", "stock=full:3"], "--checkpoint stock=full:3"),
 ])
 def test_bad_arguments_name_the_flag(argv, flag, tmp_path, capsys, no_new_processes):
     assert flag in _refused([*TINY, *argv], tmp_path, capsys)

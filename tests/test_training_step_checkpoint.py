@@ -338,6 +338,17 @@ def test_bench_runs_each_plan_for_each_variant_and_records_it(tmp_path):
     assert rows[0]["recompute_flops_per_rank"] > 0
 
 
+@needs_triton
+@pytest.mark.interpreter
+def test_bench_runs_a_variants_own_plans(tmp_path):
+    argv = [*TINY, "--variant", "plain", "stock", "ours", "--checkpoint", "stock=selective:2", "ours=full:2",
+            "full:1,none:1", "--results-dir", str(tmp_path)]
+    assert bench.main(argv) == 0
+    assert [(r["variant"], r["flags"]["checkpoint"]) for r in _rows(tmp_path)] == [
+        ("plain", "none:2"), ("stock", "selective:2"), ("stock", "full:1,none:1"), ("ours", "full:2"),
+        ("ours", "full:1,none:1")]
+
+
 def test_bench_sweep_writes_a_row_per_plan(tmp_path, capsys):
     cfg = get_config("tiny", 16)
     argv = [*TINY, "--variant", "stock", "--sweep", "2", "--results-dir", str(tmp_path)]

@@ -4,6 +4,7 @@ at batch 2 x context 32,768 in bf16, timed by triton.testing.do_bench. Ours agai
     just bench training-step                                   # 8B, every GPU, stock then ours
     just bench training-step --variant ours --keep-blocks 4    # ours alone, last 4 blocks kept
     just bench training-step --checkpoint selective,none:10 full:30,none:4   # two plans, each variant
+    just bench training-step --checkpoint stock=selective,none:10 ours=full   # a plan for each
     just bench training-step --sweep 3                         # 3 plans chosen for this GPU's memory
     just bench training-step --profile                         # one step under torch.profiler, by category
     just bench training-step --variant plain --allow-oom       # the plain model: an OOM row
@@ -16,8 +17,8 @@ FlashAttention, fused LM head + cross-entropy, FusedAdamW, per-block checkpointi
 --shard). Several run one after another in one process group (memory freed between), so their
 ratios come from one run on the same machines. The global batch (--batch) is split over the ranks.
 
-Checkpointing (stock and ours): --checkpoint takes one or more plans, each variant runs each
-(checkpoint_plan.py: per block none, selective or full, as MODE:COUNT segments from the first
+Checkpointing (stock and ours): --checkpoint takes one or more plans, each variant runs each, or
+only its own ones given as VARIANT=PLAN (checkpoint_plan.py: per block none, selective or full, as MODE:COUNT segments from the first
 block: full:22,selective:8,none:4; selective keeps the attention's outputs, selective+qkv+out+w13
 matmul outputs too); --keep-blocks k is the plan full,none:k; --sweep N runs N plans chosen for the
 memory (plan_search.py), saying which it skipped as predicted not to fit. Every row records its
@@ -282,7 +283,8 @@ def build_parser() -> Parser:
                         "block none, selective or full as MODE:COUNT segments from the first block, e.g. "
                         "full:22,selective:8,none:4; one segment may leave out its count and take the rest "
                         "(selective,none:10); selective keeps the attention's outputs, selective+qkv+out+w13 "
-                        "those matmuls' outputs too (default: --keep-blocks')")
+                        "those matmuls' outputs too; VARIANT=PLAN (ours=full) is for that variant only "
+                        "(default: --keep-blocks')")
     p.add_argument("--keep-blocks", type=at_least(0), default=None,
                    help="stock and ours: the last k blocks kept, the others fully checkpointed: the plan "
                         "full,none:k (default 0: every block full)")
@@ -372,12 +374,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{chosen[0]} and {chosen[1]}: give one (--keep-blocks k is --checkpoint full,none:k)")
     if args.keep_blocks is not None and args.keep_blocks > cfg.num_layers:
         parser.error(f"--keep-blocks {args.keep_blocks}: the {args.size} model has {cfg.num_layers} blocks")
-    plans = []
+    plans: list[tuple[str | None, str]] = []  # (the variant it is for, None: every one; canonical plan)
     for text in args.checkpoint or []:
+        variant, sep, plan_text = text.partition("=")
+        if not sep:
+            variant, plan_text = None, text
+        elif variant not in args.variant or variant == "plain":
+            parser.error(f"--checkpoint {text}: {variant!r} is not a --variant of this run that takes a plan "
+                         f"({', '.join(v for v in args.variant if v != 'plain')})")
         try:
-            plans.append(parse_plan(text, cfg.num_layers).text)
+            plans.append((variant, parse_plan(plan_text, cfg.num_layers).text))
         except BadPlan as exc:
             parser.error(f"--checkpoint {text}: {exc} (the {args.size} model has {cfg.num_layers} blocks)")
+    for v in args.variant:
+        if plans and v != "plain" and not any(w in (None, v) for w, _ in plans):
+            parser.error(f"--checkpoint: no plan for {v} (give one for every variant, or plans without VARIANT=)")
     if args.trace_dir is not None and not args.profile:
         parser.error("--trace-dir: only with --profile (it holds the profiled steps' traces)")
     dtype_name = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
@@ -400,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         if base.variant == "plain":  # the model as written: no plan to choose
             recipes.append(base)
         elif plans:
-            recipes.extend(with_plan(base, text) for text in dict.fromkeys(plans))
+            mine = [text for v, text in plans if v in (None, base.variant)]
+            recipes.extend(with_plan(base, text) for text in dict.fromkeys(mine))
         elif args.sweep is not None:
             recipes.extend(_sweep(parser, base, cfg, options, world, args.batch // world, capacity, where, args.sweep))
         else:
