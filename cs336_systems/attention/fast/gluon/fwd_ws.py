@@ -17,18 +17,10 @@ ROWS = 64  # query rows per consumer warpgroup
 
 def fwd_ws_supported(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64) -> str | None:
     """Why the Gluon forward cannot take these inputs, or None."""
-    import triton
+    from .requirements import input_problem
 
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
-        return "needs a Hopper GPU (sm_90)"
-    if not triton.__version__.startswith("3.6"):
-        return f"written against Triton 3.6's Gluon API (installed: {triton.__version__})"
-    if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, v)):
-        return "needs bf16 or fp16 inputs of one dtype"
-    if q.shape[-1] not in (64, 128):
-        return "written for head dim 64 or 128"
-    if not all(t.is_contiguous() for t in (q, k, v)):
-        return "needs contiguous inputs"
+    if (why := input_problem((q, k, v), (64, 128))) is not None:
+        return why
     if k.shape[2] % block_n:
         return f"n_k must be a multiple of {block_n}"
     return None
