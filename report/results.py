@@ -1,12 +1,9 @@
-"""Render committed results as Markdown for the docs (called from markdown-exec blocks at build time).
+"""Reading committed results, and rendering them as Markdown tables with their provenance line.
 
-    ```python exec="on"
-    from report.results import results_table
-    print(results_table("attention/pytorch_attention", columns=["d", "seq", "forward_ms"]))
-    ```
-
-A missing results file raises FileNotFoundError, so `mkdocs build --strict` fails instead of
-publishing a page whose table silently vanished.
+Every report module reads rows through here: `load_results` (a missing file raises
+FileNotFoundError, so the strict build fails instead of publishing a page whose table vanished),
+`newest` (the newest row per cell: a re-measured cell keeps its older rows in the file) and
+`with_source` (a table and the provenance of the rows it shows).
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from cs336_systems.bench.provenance import PROVENANCE_FIELDS
 from cs336_systems.bench.store import REPO_ROOT, read_rows, results_path
 
 RESULTS_ROOT = REPO_ROOT / "results"
+GPU, CPU = "nvidia-h200", "cpu"  # the device classes results are stored under
 # Files the current build has read: a test checks each exists and the site names its source.
 READ_LOG: list[Path] = []
 
@@ -37,6 +35,30 @@ def load_results(bench: str, device: str = "nvidia-h200", *, root: str | Path | 
     if status is not None and not df.empty:
         df = df[df["status"] == status]
     return df.reset_index(drop=True)
+
+
+def ok(bench: str, device: str = GPU) -> pd.DataFrame:
+    """The rows of one results file that ran (status "ok")."""
+    return load_results(bench, device, status="ok")
+
+
+def newest(df: pd.DataFrame, key: Sequence[str], keep: str = "last") -> pd.DataFrame:
+    """The newest row of each cell (`keep="first"`: the earliest), rows in time order."""
+    return df.sort_values("time_utc", kind="stable").drop_duplicates(list(key), keep=keep)
+
+
+def source(bench: str, device: str = GPU) -> str:
+    """The results file of a bench, as the provenance line names it."""
+    return f"results/{bench}/{device}.jsonl"
+
+
+def with_source(table: pd.DataFrame, bench: str, used: pd.DataFrame | None = None, *, device: str = GPU,
+                floatfmt: str = ".3g", formats: Mapping[str, str | Callable[[object], str]] | None = None,
+                note: str = "") -> str:
+    """The table, then the provenance of the rows it shows (`used`; default: the whole file)."""
+    rows = used if used is not None else load_results(bench, device)
+    return (markdown_table(table, floatfmt=floatfmt, formats=formats) + "\n\n"
+            + provenance_line(rows, source(bench, device)) + (f" *{note}*" if note else ""))
 
 
 def provenance_line(df: pd.DataFrame, source: str | None = None) -> str:

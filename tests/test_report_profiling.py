@@ -14,7 +14,7 @@ from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.bench.store import ResultStore, results_path
 from cs336_systems.profiling.attention_oom import KEY as OOM_KEY
 from cs336_systems.profiling.kernel_attribution import ATTRIBUTION
-from report import facts
+from report import registry
 from report import results as report_results
 
 PART1 = ("profiling", "profiling_kernels", "profiling_attribution", "mixed_precision", "bf16_timings",
@@ -32,10 +32,10 @@ def results_root(tmp_path, monkeypatch):
 def test_every_part1_fact_renders_from_the_committed_results():
     for name in PART1:
         importlib.import_module(f"report.{name}")
-    names = [n for n in facts._FACTS if n.startswith(PREFIXES)]
+    names = [n for n in registry.names("fact") if n.startswith(PREFIXES)]
     assert len(names) > 100
     for name in names:
-        text = facts._FACTS[name]()
+        text = registry.fact(name)
         assert text and "nan" not in text.lower(), (name, text)
 
 
