@@ -12,10 +12,11 @@ import pandas as pd
 
 from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.model.config import PRESETS
+from report.facts import register
 from report.figures import plt
-from report.profiling import SIZES, newest, ok, pm, register, span, with_source
-from report.profiling_kernels import kernel_cells
-from report.results import load_results
+from report.profiling import SIZES, kernel_cells
+from report.results import load_results, newest, ok, with_source
+from report.units import pm, span
 
 BENCH = "attention/pytorch_attention"
 KEY = ["impl", "d", "seq"]

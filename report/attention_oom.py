@@ -11,8 +11,8 @@ import pandas as pd
 from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.profiling.attention_oom import DEFAULT
 from report.attention import capacity_gib
-from report.profiling import newest, register, with_source
-from report.results import load_results
+from report.facts import register
+from report.results import load_results, newest, with_source
 
 BENCH = "attention/oom_checks"
 SPLIT = "max_split_size_mb:1024"

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from report.facts import register
 from report.mixed_precision import KEY, speedups
-from report.profiling import by_size, newest, ok, pm, register, span, with_source
-from report.profiling_kernels import kernel_cells
-from report.results import markdown_table
+from report.profiling import by_size, kernel_cells
+from report.results import markdown_table, newest, ok, with_source
+from report.units import pm, span
 
 
 def remeasured_rows() -> pd.DataFrame:

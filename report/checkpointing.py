@@ -23,9 +23,9 @@ import pandas as pd
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.profiling import checkpoint_theory as theory
 from cs336_systems.sharding.accounting import transformer_activation_bytes
+from report.facts import register
 from report.figures import new_figure
-from report.profiling import newest, register, with_source
-from report.results import load_results, markdown_table
+from report.results import load_results, markdown_table, newest, with_source
 
 DEVICE = "nvidia-h200"
 SIZE, BATCH, CONTEXT = "2.7B", 4, 2048  # the 2026 handout's xl, batch 4, context 2048

@@ -13,5 +13,11 @@ def fact(name: str):
     return deco
 
 
+def register(facts: dict) -> None:
+    """Register `{"chapter.name": fn}` (the old profiling-style table)."""
+    for name, fn in facts.items():
+        fact(name)(fn)
+
+
 def names() -> list[str]:
     return registry.names("fact")

@@ -28,7 +28,7 @@ from cs336_systems.model import TransformerLM, count_parameters, get_config
 from cs336_systems.sharding import accounting as acc
 from cs336_systems.sharding.sharding_bench import COMM_BENCH
 from report import collectives, reproducing, sharding
-from report.profiling import register
+from report.facts import register
 from report.results import load_results, markdown_table
 
 GPU = "nvidia-h200"

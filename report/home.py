@@ -31,10 +31,14 @@ def modules(ch: Chapter) -> list[str]:
 
 
 def tests(ch: Chapter) -> list[str]:
-    """Its test files, each with the markers it uses (gpu, distributed, ...)."""
+    """Its test files, each with the markers it uses (gpu, distributed, ...), its own or those of the
+    tests/ helpers it imports (tests/triton_mode.py carries `pytestmark`)."""
     out = []
     for path in sorted({p for g in ch.tests for p in (ROOT / "tests").glob(g)}):
-        used = [m for m in TEST_MARKERS if re.search(rf"pytest\.mark\.{m}\b", path.read_text())]
+        text = path.read_text()
+        helpers = {ROOT / "tests" / f"{m}.py" for m in re.findall(r"^\s*from tests\.(\w+) import", text, re.M)}
+        text += "".join(h.read_text() for h in helpers if h.exists())
+        used = [m for m in TEST_MARKERS if re.search(rf"pytest\.mark\.{m}\b", text)]
         name = path.relative_to(ROOT / "tests").as_posix()
         out.append(name + (f" ({', '.join(used)})" if used else ""))
     return out
@@ -55,11 +59,17 @@ def results(ch: Chapter) -> str:
     benches: dict[str, list[str]] = {}
     for f in files:
         benches.setdefault(f.parent.relative_to(ROOT / "results").as_posix(), []).append(f.stem)
-    folders: dict[str, list[str]] = {}
+    folders: dict[str, dict[str, list[str]]] = {}
     for bench, devices in benches.items():
         head, _, tail = bench.rpartition("/")
-        folders.setdefault(head, []).append(f"{tail} ({', '.join(devices)})")
-    return "<br>".join(f"`{h}`: {', '.join(b)}" if h else ", ".join(b) for h, b in folders.items())
+        folders.setdefault(head, {})[tail] = devices
+    cells = []
+    for head, tails in folders.items():  # one device list for the folder when every file shares it
+        kinds = {tuple(d) for d in tails.values()}
+        body = (f"{', '.join(tails)} ({', '.join(next(iter(kinds)))})" if len(kinds) == 1
+                else ", ".join(f"{t} ({', '.join(d)})" for t, d in tails.items()))
+        cells.append(f"`{head}`: {body}" if head else body)
+    return "<br>".join(cells)
 
 
 def chapter_map() -> str:

@@ -13,9 +13,9 @@ from cs336_systems.model import count_parameters, get_config
 from cs336_systems.profiling.memory import residual_stream_bytes, thin_max
 from cs336_systems.profiling.residuals import block_parameter_bytes, block_residuals
 from cs336_systems.sharding.accounting import transformer_activation_bytes
+from report.facts import register
 from report.figures import new_figure
-from report.profiling import newest, ok, register, with_source
-from report.results import load_results, markdown_table
+from report.results import load_results, markdown_table, newest, ok, with_source
 
 MiB = 2**20
 SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures

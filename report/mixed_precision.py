@@ -12,8 +12,10 @@ import torch
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
-from report.profiling import SIZES, newest, ok, pm, register, with_source
-from report.results import load_results, markdown_table, results_table
+from report.facts import register
+from report.profiling import SIZES
+from report.results import load_results, markdown_table, newest, ok, results_table, with_source
+from report.units import pm
 
 MODES = ("forward", "forward-backward", "train")
 KEY = ["size", "mode", "dtype"]

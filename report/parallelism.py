@@ -22,8 +22,8 @@ import pandas as pd
 from cs336_systems.parallelism import answers, costs
 from cs336_systems.parallelism.hardware import H200_INFINIBAND, H200_NVLINK, Device
 from report import collectives, reproducing
+from report.facts import register
 from report.figures import new_figure
-from report.profiling import register
 from report.results import markdown_table
 
 N_NODE = 8          # GPUs in one NVLink-switched HGX H200 node: the N the per-problem tables use

@@ -1,5 +1,5 @@
-"""The Part 1 report modules (report/profiling.py, profiling_attribution.py, mixed_precision.py,
-memory.py, attention.py, attention_oom.py): what they compute from rows written here, independent of
+"""The Part 1 report modules (report/profiling.py, mixed_precision.py, bf16_timings.py, memory.py,
+attention.py, attention_oom.py): what they compute from rows written here, independent of
 the committed results, and that every fact the chapters quote renders from the committed ones."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from cs336_systems.profiling.kernel_attribution import ATTRIBUTION
 from report import registry
 from report import results as report_results
 
-PART1 = ("profiling", "profiling_kernels", "profiling_attribution", "mixed_precision", "bf16_timings",
+PART1 = ("profiling", "mixed_precision", "bf16_timings",
          "memory", "attention", "attention_oom")
 PREFIXES = ("profiling.", "mixed_precision.", "memory.", "attention.")
 
@@ -97,7 +97,7 @@ def test_allocator_checks_in_score_matrices_and_the_verdict(results_root, split_
     assert "| 32,768 | default | out of memory | 3.00 | 4.00 | 32.00 | 7.50 | 29.30 |" in table
 
 
-# ---- the kernel double count (report.profiling_attribution) ----------------------------------------------
+# ---- the kernel double count (report.profiling) ----------------------------------------------
 
 def _first_attribution_only(root) -> None:
     """Copy the committed profiler rows, keeping only those of the first attribution."""
@@ -110,15 +110,14 @@ def _first_attribution_only(root) -> None:
 
 
 def test_marked_cells_then_a_rerun_that_replaces_their_kernels(tmp_path, monkeypatch):
-    from report import profiling_attribution
-    from report import profiling_kernels as profiling
+    from report import profiling
 
     _first_attribution_only(tmp_path)
     monkeypatch.setattr(report_results, "RESULTS_ROOT", tmp_path)
     old = profiling.kernel_cells()
     marked = [(r["size"], r.context) for _, r in old.iterrows() if profiling.overcounted(r)]
     assert marked  # the first-attribution rows hold cells with more kernel time than wall time
-    assert profiling_attribution.rerun_cells().empty
+    assert profiling.rerun_cells().empty
     cells, kernels = (tmp_path / "profiling" / b / "nvidia-h200.jsonl" for b in ("kernel_cells", "kernels"))
     with cells.open("a") as fc, kernels.open("a") as fk:
         for size, ctx in marked:  # a re-run of each marked cell with the fixed attribution
@@ -138,10 +137,10 @@ def test_marked_cells_then_a_rerun_that_replaces_their_kernels(tmp_path, monkeyp
                                      "total_ms": 1.0, "share": 1.0, "status": "ok", "cell_run": run,
                                      "time_utc": "2099-01-01T00:00:00Z"}) + "\n")
     assert not any(profiling.overcounted(r) for _, r in profiling.kernel_cells().iterrows())
-    m = profiling_attribution.marked_rows()
+    m = profiling.marked_rows()
     assert {(s, c) for s, c in zip(m["size"], m["context"])} == set(marked)
     assert (m["re-run: kernels ms"] < m["re-run: range ms"]).all()
-    checks = profiling_attribution.rerun_checks()
+    checks = profiling.rerun_checks()
     assert len(checks) == len(marked)
     assert checks["old sum over unique, fwd"].tolist() == pytest.approx([0.05] * len(marked))
     assert (checks["CPU events listed twice"] == 3).all()

@@ -19,6 +19,7 @@ from mkdocs.exceptions import PluginError
 from report import registry
 
 MARKER = re.compile(r"\{\{\s*(?:(claim|table|figure):\s*)?([a-z0-9_]+(?:\.[a-z0-9_]+)+)\s*\}\}")
+SPACED = re.compile(r"( ?)" + MARKER.pattern)  # a claim takes the space before it along
 BLOCK = re.compile(r"^(\s*)\{\{\s*(table|figure):\s*([a-z0-9_.]+)\s*\}\}\s*$")
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"(`+)(?:.+?)\1")
@@ -44,12 +45,13 @@ class Filler:
 
     def _inline(self, text: str, lineno: int) -> str:
         def one(m: re.Match) -> str:
-            if m.group(1) in ("table", "figure"):
-                self.problems.append(f"{self.page}:{lineno}: {m.group(1)} {m.group(2)} must stand on a line of its own")
+            if m.group(2) in ("table", "figure"):
+                self.problems.append(f"{self.page}:{lineno}: {m.group(2)} {m.group(3)} must stand on a line of its own")
                 return ""
-            return self._item(m.group(1), m.group(2), lineno)
+            value = self._item(m.group(2), m.group(3), lineno)
+            return value if m.group(2) == "claim" else m.group(1) + value
 
-        return MARKER.sub(one, text)
+        return SPACED.sub(one, text)
 
     def line(self, line: str, lineno: int) -> str:
         block = BLOCK.match(line)
