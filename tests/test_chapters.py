@@ -6,7 +6,7 @@ from __future__ import annotations
 from fnmatch import fnmatch
 from pathlib import Path
 
-from report.chapters import CHAPTERS, chapter_of_page, chapters_of
+from tests.chapters import CHAPTERS, chapter_of_page, chapters_of
 from tests.test_docs import nav_pages
 
 ROOT = Path(__file__).resolve().parents[1]

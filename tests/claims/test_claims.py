@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from report import registry
-from report.chapters import chapter_of_page
+from tests.chapters import chapter_of_page
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 _spec = importlib.util.spec_from_file_location("docs_hook_markers", DOCS / "hooks" / "markers.py")
