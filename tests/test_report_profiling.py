@@ -1,4 +1,4 @@
-"""The Part 1 report modules (report/profiling.py, mixed_precision.py, bf16_timings.py, memory.py,
+"""The Part 1 report modules (report/profiling.py, mixed_precision.py, memory.py,
 attention.py, attention_oom.py): what they compute from rows written here, independent of
 the committed results, and that every fact the chapters quote renders from the committed ones."""
 
@@ -17,7 +17,7 @@ from cs336_systems.profiling.kernel_attribution import ATTRIBUTION
 from report import registry
 from report import results as report_results
 
-PART1 = ("profiling", "mixed_precision", "bf16_timings",
+PART1 = ("profiling", "mixed_precision",
          "memory", "attention", "attention_oom")
 PREFIXES = ("profiling.", "mixed_precision.", "memory.", "attention.")
 
@@ -42,7 +42,7 @@ def test_every_part1_fact_renders_from_the_committed_results():
 # ---- the bf16 cells measured twice (report.mixed_precision) -------------------------------------------
 
 def test_remeasured_rows_pair_each_cells_first_and_newest_run_with_the_newest_clock_record(results_root):
-    from report.bf16_timings import remeasured_rows, remeasured_table
+    from report.mixed_precision import remeasured_rows, remeasured_table
 
     cell = {"schema": "cs336-results/1", "bench": "end-to-end/timings", "size": "xl", "mode": "forward",
             "dtype": "bf16", "status": "ok"}
