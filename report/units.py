@@ -23,3 +23,8 @@ def listed(values: Iterable[object], fmt: str = "") -> str:
     """'a, b and c': values in a sentence, each formatted."""
     parts = [format(v, fmt) for v in values]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def near(value: float, target: float, rel: float) -> bool:
+    """Whether `value` is within `rel` (relative) of `target`."""
+    return abs(value - target) <= rel * abs(target)

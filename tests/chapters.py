@@ -35,7 +35,7 @@ CHAPTERS = (
             ("mixed-precision.md", "mixed-precision/bf16-timings.md", "labs/accumulation.py"),
             ("test_profiling.py",), ("accumulation", "end-to-end"), ("profiling.mixed_precision", "profiling.sweeps"),
             ("mixed-precision/*", "end-to-end/timings")),
-    Chapter("memory", "Memory and gradient checkpointing", ("memory.md", "memory/checkpointing.md"),
+    Chapter("memory", "Memory and gradient checkpointing", ("memory.md", "memory/checkpointing.md", "memory/runs.md"),
             ("test_checkpointing.py", "test_sharding_accounting.py", "test_residuals.py"),
             ("memory", "checkpointing"), ("profiling.memory", "profiling.memory_sweep", "profiling.checkpoint_theory"),
             ("memory/*",)),
@@ -92,7 +92,7 @@ CHAPTERS = (
 
 
 # The claims tests of chapters not yet moved to registered claims (report/registry.py).
-OLD_CLAIMS = {'memory': ['claims/test_memory.py', 'claims/test_checkpointing.py'], 'attention': ['claims/test_attention.py'], 'flash': ['claims/test_flash.py', 'claims/test_flash_grid.py'], 'collectives': ['claims/test_collectives.py'], 'ddp': ['claims/test_ddp.py'], 'comm_accounting': ['claims/test_communication_accounting.py'], 'sharding': ['claims/test_sharding.py'], 'fsdp': ['claims/test_fsdp.py'], 'parallelism': ['claims/test_parallelism.py'], 'training_step': ['claims/test_training_step.py'], 'results': ['claims/test_reproducing.py']}
+OLD_CLAIMS = {'attention': ['claims/test_attention.py'], 'flash': ['claims/test_flash.py', 'claims/test_flash_grid.py'], 'collectives': ['claims/test_collectives.py'], 'ddp': ['claims/test_ddp.py'], 'comm_accounting': ['claims/test_communication_accounting.py'], 'sharding': ['claims/test_sharding.py'], 'fsdp': ['claims/test_fsdp.py'], 'parallelism': ['claims/test_parallelism.py'], 'training_step': ['claims/test_training_step.py'], 'results': ['claims/test_reproducing.py']}
 
 
 def chapters_of(relative_path: str) -> list[str]:
