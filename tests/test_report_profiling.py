@@ -1,5 +1,5 @@
 """The Part 1 report modules (report/profiling.py, mixed_precision.py, memory.py,
-attention.py, attention_oom.py): what they compute from rows written here, independent of
+attention.py): what they compute from rows written here, independent of
 the committed results, and that every fact the chapters quote renders from the committed ones."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from report import registry
 from report import results as report_results
 
 PART1 = ("profiling", "mixed_precision",
-         "memory", "attention", "attention_oom")
+         "memory", "attention")
 PREFIXES = ("profiling.", "mixed_precision.", "memory.", "attention.")
 
 
@@ -88,7 +88,7 @@ def _oom_rows(root, split_32k_runs: bool) -> None:
 
 @pytest.mark.parametrize("split_runs", [True, False])
 def test_allocator_checks_in_score_matrices_and_the_verdict(results_root, split_runs):
-    from report import attention_oom
+    from report import attention as attention_oom
 
     _oom_rows(results_root, split_runs)
     assert attention_oom.stranded_block_confirmed() is split_runs
