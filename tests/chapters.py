@@ -50,7 +50,7 @@ CHAPTERS = (
              "flash-attention/history.md"),
             ("test_flash_*.py", "test_online_softmax.py", "test_weighted_sum.py", "test_kernel_inputs.py",
              "test_fwd_ws.py", "test_onepass_ws.py", "test_direct_launch.py", "test_ab_*.py", "test_reduce_probe.py",
-             "test_report_flash*.py", "test_report_gpu_tests.py", "test_without_triton.py"),
+             "test_report_flash*.py", "test_report_gpu_tests.py", "test_without_triton.py", "claims/test_flash_code.py"),
             ("flash-sweep", "flash-leaderboard", "flash-host"),
             ("attention.weighted_sum", "attention.online_softmax", "attention.flash_pytorch", "attention.flash_triton",
              "attention.flash_fwd_kernel", "attention.flash_bwd_kernel", "attention.tile_io", "attention.flash_launch",
@@ -92,7 +92,7 @@ CHAPTERS = (
 
 
 # The claims tests of chapters not yet moved to registered claims (report/registry.py).
-OLD_CLAIMS = {'flash': ['claims/test_flash.py', 'claims/test_flash_grid.py'], 'collectives': ['claims/test_collectives.py'], 'ddp': ['claims/test_ddp.py'], 'comm_accounting': ['claims/test_communication_accounting.py'], 'sharding': ['claims/test_sharding.py'], 'fsdp': ['claims/test_fsdp.py'], 'parallelism': ['claims/test_parallelism.py'], 'training_step': ['claims/test_training_step.py'], 'results': ['claims/test_reproducing.py']}
+OLD_CLAIMS = {'collectives': ['claims/test_collectives.py'], 'ddp': ['claims/test_ddp.py'], 'comm_accounting': ['claims/test_communication_accounting.py'], 'sharding': ['claims/test_sharding.py'], 'fsdp': ['claims/test_fsdp.py'], 'parallelism': ['claims/test_parallelism.py'], 'results': ['claims/test_reproducing.py']}
 
 
 def chapters_of(relative_path: str) -> list[str]:
