@@ -11,7 +11,7 @@ import pandas as pd
 
 from cs336_systems.distributed.bucket_model import fit_latency_bandwidth
 from cs336_systems.distributed.collectives_bench import BENCH, KEY
-from report import distributed_figures
+from report.figures import plt
 from report.registry import register
 from report.results import CPU, GPU, load_results, markdown_table, newest, provenance_line, source
 
@@ -71,7 +71,22 @@ def all_reduce_table(device: str = CPU) -> str:
 
 
 def all_reduce_figure(device: str = CPU):
-    return distributed_figures.collectives(all_reduce_rows(device))
+    """All-reduce time and bus bandwidth against size, one line per (backend, world size)."""
+    ok = all_reduce_rows(device).query("status == 'ok'").sort_values("size_bytes")
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for (backend, device_type, world), g in ok.groupby(["backend", "device_type", "world_size"]):
+        label = f"{backend}+{device_type.upper()}, {world} ranks"
+        ax_t.plot(g["size_bytes"] / 2**20, g["time_ms"], marker="o", label=label)
+        ax_b.plot(g["size_bytes"] / 2**20, g["busbw_gbps"], marker="o", label=label)
+    ax_t.set(xscale="log", yscale="log", xlabel="tensor size (MB)", ylabel="all-reduce time (ms)",
+             title="time (median of the slowest rank)")
+    ax_b.set(xscale="log", xlabel="tensor size (MB)", ylabel="bus bandwidth (GB/s)",
+             title="bus bandwidth = bytes/time x 2(n-1)/n")
+    for ax in (ax_t, ax_b):
+        ax.grid(True, which="both", alpha=0.3)
+    ax_b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def fit(device: str, kind: str, ranks: int) -> tuple[float, float]:
