@@ -92,7 +92,7 @@ CHAPTERS = (
 
 
 # The claims tests of chapters not yet moved to registered claims (report/registry.py).
-OLD_CLAIMS = {'comm_accounting': ['claims/test_communication_accounting.py'], 'sharding': ['claims/test_sharding.py'], 'fsdp': ['claims/test_fsdp.py'], 'parallelism': ['claims/test_parallelism.py'], 'results': ['claims/test_reproducing.py']}
+OLD_CLAIMS = {'sharding': ['claims/test_sharding.py'], 'fsdp': ['claims/test_fsdp.py'], 'parallelism': ['claims/test_parallelism.py'], 'results': ['claims/test_reproducing.py']}
 
 
 def chapters_of(relative_path: str) -> list[str]:
