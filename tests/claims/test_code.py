@@ -1,11 +1,13 @@
-"""What the flash chapter says that is not about committed results but about this checkout's code
-and history, and so cannot be a build-time claim (report/registry.py): it needs git, a pytest
-collection, or a stand-in GPU. Each test names the page's sentence it guards by the claim marker
-next to it, so a page edit that drops the marker shows here."""
+"""What the pages say that is not about committed results but about this checkout's code, tests and
+history, and so is no build-time claim (report/registry.py): it needs git, a pytest collection, a
+stand-in GPU or the course adapters in tests/. Each test names the sentence it guards (by the claim
+marker next to it where there is one)."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import subprocess
 import sys
 import types
@@ -15,6 +17,7 @@ import torch
 
 from report import flash_grid, gpu_tests
 from report.results import REPO_ROOT
+from tests import adapters
 from tests.claims.test_claims import USES
 
 
@@ -96,3 +99,16 @@ def test_the_committed_table_is_what_the_committed_tuning_rows_choose():
 
     path = REPO_ROOT / "results" / "attention" / "flash_tune" / "nvidia-h200.jsonl"
     assert tune.choose([json.loads(line) for line in path.read_text().splitlines() if line.strip()]) == TUNED
+
+
+def test_the_fsdp_adapters_table_names_what_each_adapter_returns():
+    # fsdp.md, the table under "The 2026 adapters": each adapter exists with the listed parameters,
+    # and its body calls the class or function in the "ours" column
+    page = (REPO_ROOT / "docs" / "fsdp.md").read_text()
+    section = page.split("### The 2026 adapters")[1].split("###")[0]
+    rows = re.findall(r"^\| `(\w+)\(([^)]*)\)` \| [^|]+ \| `([\w.]+)` \|$", section, re.MULTILINE)
+    assert len(rows) == 5
+    for name, params, ours in rows:
+        fn = getattr(adapters, name)
+        assert list(inspect.signature(fn).parameters) == [p.split("=")[0].strip() for p in params.split(",")], name
+        assert ours.split(".")[-1] in inspect.getsource(fn), f"{name} does not use {ours}"
