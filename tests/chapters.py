@@ -92,14 +92,9 @@ CHAPTERS = (
 )
 
 
-# The claims tests of chapters not yet moved to registered claims (report/registry.py).
-OLD_CLAIMS = {'results': ['claims/test_reproducing.py']}
-
-
 def chapters_of(relative_path: str) -> list[str]:
     """The chapter markers of a test file, given its path relative to tests/ (posix)."""
-    return [c.marker for c in CHAPTERS if any(fnmatch(relative_path, g) for g in c.tests)
-            or relative_path in OLD_CLAIMS.get(c.marker, ())]
+    return [c.marker for c in CHAPTERS if any(fnmatch(relative_path, g) for g in c.tests)]
 
 
 def chapter_of_page(page: str) -> Chapter:
