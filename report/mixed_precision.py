@@ -15,7 +15,7 @@ from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
 from report.profiling import SIZES, by_size, kernel_cells
 from report.registry import register
-from report.results import load_results, markdown_table, newest, ok, results_table, with_source
+from report.results import load_results, markdown_table, newest, ok, with_source
 from report.units import pm, span
 
 MODES = ("forward", "forward-backward", "train")
@@ -28,11 +28,11 @@ AUTOCAST_TENSORS = {"parameters": "parameters (inside autocast)", "fc1": "fc1 ou
 # ---- mixed_precision_accumulation --------------------------------------------------------------------
 
 def accumulation_table() -> str:
-    return results_table("mixed-precision/accumulation",
-                         columns=["device_type", "loop", "value_repr", "error", "addend_as_stored"],
-                         rename={"device_type": "device", "value_repr": "result (exact float)",
-                                 "error": "result - 10", "addend_as_stored": "0.01 as stored in the addend's dtype"},
-                         sort=["device_type", "loop"], floatfmt=".6g")
+    df = load_results("mixed-precision/accumulation").sort_values(["device_type", "loop"])
+    shown = df[["device_type", "loop", "value_repr", "error", "addend_as_stored"]].rename(columns={
+        "device_type": "device", "value_repr": "result (exact float)", "error": "result - 10",
+        "addend_as_stored": "0.01 as stored in the addend's dtype"})
+    return with_source(shown, "mixed-precision/accumulation", floatfmt=".6g")
 
 
 def accumulation() -> pd.DataFrame:
@@ -249,8 +249,9 @@ register(
     },
     tables={
         "accumulation": accumulation_table, "binades": binade_table, "precision": precision_table,
-        "autocast": lambda: results_table("mixed-precision/autocast_dtypes", pivot={
-            "index": ["device_type", "tensor"], "columns": "autocast", "values": "dtype"}),
+        "autocast": lambda: with_source(load_results("mixed-precision/autocast_dtypes").pivot_table(
+            index=["device_type", "tensor"], columns="autocast", values="dtype", aggfunc="first").reset_index()
+            .rename_axis(columns=None), "mixed-precision/autocast_dtypes"),
         "remeasured": remeasured_table,
         "fp32_repeats": lambda: markdown_table(fp32_repeats(), floatfmt=",.1f", formats={"difference": "+.1%"}),
         "launch_estimate": lambda: markdown_table(launch_estimate(), floatfmt=".0f"),
