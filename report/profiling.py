@@ -424,6 +424,8 @@ register(
             and g.opt_kernel_ms.max() < 1.05 * g.opt_kernel_ms.min()
             for _, g in kernel_cells().set_index("context").groupby("size")),
         "adamw_launches_whole_kernels_per_tensor": lambda: _cell("small", 512).opt_launches % parameter_tensors("small") == 0,
+        "forward_other_kernels_as_named": lambda: all(name in kernel_list("xl", 512, "forward", 8, matmul=False)
+                                                      for name in ("softmax_warp_forward", "elementwise_kernel", "Memcpy DtoD")),
         "softmax_is_memory_bound": lambda: (attention_region_rows().per_flop > 10).all()
         and (attention_region_rows().flop_ratio < 0.05).all(),
         # double-count.md
