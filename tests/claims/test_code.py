@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from report import flash_grid, gpu_tests
+from report import gpu_tests
 from report.results import REPO_ROOT
 from tests import adapters
 from tests.claims.test_claims import USES
