@@ -39,7 +39,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import (
+    Parser,
+    at_least,
+    check_cuda,
+    given,
+    open_store,
+    positive,
+    refuse_duplicates,
+    timeout_s,
+)
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.distributed import step_trace
@@ -236,6 +246,29 @@ def run_all(worker: Worker, args: argparse.Namespace) -> None:
               f"{r['expected_state_gib']:.2f} GiB)", file=sys.stderr, flush=True)
 
 
+def check_args(parser: Parser, args: argparse.Namespace, world: int, local: int) -> None:
+    """Flags that would do nothing in this combination, duplicates, and the fit check: each a
+    one-line error before any rank starts."""
+    refuse_duplicates(parser, args, "variants", "trace_variants")
+    if given(parser, "trace_variants"):
+        if args.trace_dir is None:
+            parser.error("--trace-variants picks the variants --trace-dir profiles; give --trace-dir")
+        if missing := [v for v in args.trace_variants if v not in args.variants]:
+            parser.error(f"--trace-variants {' '.join(missing)}: not among --variants {' '.join(args.variants)}")
+    # The least memory any chosen variant holds per rank (bench.fit): FSDP shards everything, the
+    # sharded optimizer and ZeRO-1 the AdamW moments, DDP nothing.
+    cfg = get_config(args.size, args.context_length)
+    per_variant = [fit.step_memory(cfg, "train", batch=args.batch_size // world, context=cfg.context_length,
+                                   world_size=world, shard_weights=v.startswith("fsdp"),
+                                   optimizer_shards=world if v in ("sharded", "zero1") else 1,
+                                   bf16=v.endswith("bf16"))
+                   for v in args.variants]
+    have, where = fit.capacity_bytes(args.device, local)
+    fit.refuse_unless_fits(parser, args, min(per_variant, key=lambda m: m.lower_bound), have, where,
+                           f"--size {args.size} --batch-size {args.batch_size} over {world} ranks "
+                           f"--context-length {cfg.context_length}")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fsdp", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -254,8 +287,9 @@ def build_parser() -> Parser:
     p.add_argument("--trace-dir", default=None,
                    help="also profile one step per --trace-variants variant; chrome traces here")
     p.add_argument("--trace-variants", nargs="+", default=["fsdp", "fsdp-bf16"], choices=VARIANTS)
-    p.add_argument("--timeout-s", type=positive(float), default=900.0)
+    p.add_argument("--timeout-s", type=timeout_s, default=900.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    fit.add_allow_oom(p)
     return p
 
 
@@ -273,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
     if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
         parser.error(f"--trace-dir {args.trace_dir} exists and is not a directory")
+    check_args(parser, args, world, local)
     device = "cpu" if args.device == "cpu" else None  # the paths rank 0 opens, checked before it starts
     open_store(parser, BENCH, KEY, device=device, root=args.results_dir)
     open_store(parser, TRACE_BENCH, KEY, device=device, root=args.results_dir)

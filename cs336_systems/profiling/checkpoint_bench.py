@@ -10,7 +10,8 @@ Per k: --warmup untimed steps, then --steps timed (profiling.benchmark.measure: 
 over the timed steps on CUDA), then one forward whose saved tensors are counted (what the forward
 leaves for the backward: the segment inputs plus everything outside the blocks). On CPU there is no
 allocator peak; one more step under LiveTensorBytes gives the peak of live tensor bytes instead.
-`python -m cs336_systems.bench checkpointing --size tiny --device cpu` is the CPU smoke run.
+`python -m cs336_systems.bench checkpointing --size tiny --device cpu --results-dir results/_local` is
+the CPU smoke run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import sys
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, csv_of, open_store
+from cs336_systems.bench.cli import Parser, add_resume, at_least, csv_of, open_store, require_gpu, results_root
+from cs336_systems.bench.fit import add_allow_oom
 from cs336_systems.bench.sweep import exit_code, run_sweep
 from cs336_systems.model import cross_entropy, get_config, use_attention
 from cs336_systems.model.attention import ATTENTION_IMPLS
@@ -28,6 +30,7 @@ from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 from cs336_systems.sharding.accounting import saved_activation_bytes
 
 from .benchmark import measure
+from .budget import check_fit
 from .checkpointing import LiveTensorBytes
 from .steps import DTYPES, MODES, autocast_context, build_model, random_batch
 
@@ -65,19 +68,27 @@ def build_parser() -> Parser:
     p.add_argument("--attention", choices=list(ATTENTION_IMPLS), default="naive")
     p.add_argument("--warmup", type=at_least(0), default=2)
     p.add_argument("--steps", type=at_least(1), default=3)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--results-dir", default=None, help="results root (default: results/)")
+    p.add_argument("--device", default="cuda",
+                   help="cuda (a GPU benchmark), or cpu for its CPU smoke run with --results-dir")
+    p.add_argument("--results-dir", type=results_root, default=None, help="results root (default: results/)")
+    add_resume(p)
+    add_allow_oom(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    check_cuda(p, args.device)
+    require_gpu(p, args.device, args.results_dir)
     cfg = get_config(args.size, args.context)
     too_big = [k for k in args.ks if k > cfg.num_layers]
     if too_big:
         p.error(f"--ks: {too_big} exceed the {args.size} model's {cfg.num_layers} layers")
+    # k > 0: the recomputed segment's k blocks are live at once beside every other block's input
+    check_fit(p, args, [{"size": args.size, "context": args.context, "mode": args.mode, "dtype": args.dtype,
+                         "batch": args.batch, "attention": args.attention, "k": k} for k in args.ks],
+              lambda c: f"--size {c['size']} --context {c['context']} --batch {c['batch']} --ks {c['k']}",
+              checkpointed=lambda c: cfg.num_layers - c["k"] if c["k"] else 0)
     store = open_store(p, BENCH, KEY, device=None if args.device.startswith("cuda") else "cpu",
                        root=args.results_dir)
     dev = torch.device(args.device)

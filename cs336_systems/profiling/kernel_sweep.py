@@ -4,7 +4,7 @@ Every size x context {128, 256, 512, 1024}: a full train step (forward, backward
 2 warm-up steps, one step timed phase by phase with the Python timer, one profiled step.
 Writes one summary row per cell to results/profiling/kernel_cells/ (OOM cells as OOM) and the
 per-phase kernel table to results/profiling/kernels/. Both carry the cell's `cell_run` id, so a
-reader can take the kernel rows of the newest run of a cell only. `--redo-stale` measures again the
+reader can take the kernel rows of the newest run of a cell only. `--redo-stale` measures only the
 cells whose newest row was counted by an older attribution (kernel_attribution.ATTRIBUTION).
 """
 
@@ -14,11 +14,11 @@ import argparse
 import sys
 import uuid
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of
+from cs336_systems.bench.cli import Parser, at_least, csv_of, given
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
-from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
+from .budget import ModelCache, add_common, check_device, check_fit, open_store, run_budgeted
 from .kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from .nvtx import ATTENTION_REGIONS, PHASES
 from .steps import DTYPES, MODES
@@ -93,23 +93,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", type=parse_cells, default=None,
                    help="SIZE:CONTEXT,... in this order, instead of --sizes x --contexts")
     p.add_argument("--redo-stale", action="store_true",
-                   help="measure again cells whose newest row predates the current attribution")
+                   help="measure only the cells whose newest row predates the current attribution")
     p.add_argument("--warmup", type=at_least(0), default=2)
     add_common(p)
     args = p.parse_args(argv)
     check_device(p, args)
+    if args.cells is not None and (given(p, "sizes") or given(p, "contexts")):
+        p.error("--cells replaces --sizes x --contexts; give one or the other")
     pairs = args.cells if args.cells is not None else [(s, c) for s in args.sizes for c in args.contexts]
     if not pairs:
         p.error("--cells: expected at least one SIZE:CONTEXT")
+    if len(set(pairs)) < len(pairs):
+        p.error("argument --cells: a cell given twice")
+    cells = [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4} for s, c in pairs]
+    check_fit(p, args, cells, lambda c: f"--cells {c['size']}:{c['context']} --mode {c['mode']} --dtype {c['dtype']}")
     cells_store = open_store(p, "profiling/kernel_cells", CELL_KEY, args)
     kernel_store = open_store(p, "profiling/kernels", KERNEL_KEY, args)
-    cells = [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4} for s, c in pairs]
-    if args.redo_stale:
-        for cell in cells:
-            row = cells_store.newest(cell)
-            current = (ATTRIBUTION, CPU_ATTRIBUTION)
-            if row is not None and row.get("status") == "ok" and row.get("attribution") not in current:
-                cells_store.forget(cell)
+    if args.redo_stale:  # only the cells whose newest row an older attribution counted
+        current = (ATTRIBUTION, CPU_ATTRIBUTION)
+        cells = [c for c in cells if (row := cells_store.newest(c)) is not None and row.get("status") == "ok"
+                 and row.get("attribution") not in current]
     models = ModelCache(args.device)
     max_ctx = {s: max(c for s2, c in pairs if s2 == s) for s, _ in pairs}
 
