@@ -244,9 +244,12 @@ def test_ctrl_c_ends_a_benchmark_with_one_line_and_no_traceback(tmp_path):
     tmp.mkdir()
     cmd = [sys.executable, "-m", "cs336_systems.bench", "collectives", "--world-sizes", "2", "--sizes-mb", "1",
            "--warmup", "0", "--iters", "1000000", "--results-dir", str(tmp_path / "results")]
+    # SIGINT's default action restored: a shell's background job (pytest run with &) ignores it, and
+    # the bench would inherit that.
     bench = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], start_new_session=True,
                              env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert _poll(lambda: len(_children(bench.pid)) >= 2 and list(tmp.glob("cs336-spawn-*")), 120), \
             "the ranks never started"
