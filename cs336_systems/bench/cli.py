@@ -98,7 +98,8 @@ def at_least(low: float, kind: type = int, *, high: float | None = None,
             value = None
         if (value is None or not value >= low or (kind is float and not math.isfinite(value))
                 or (high is not None and not value <= high)):
-            bound = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]"
+            shown = (lambda x: f"{x:,}") if kind is int else (lambda x: f"{x:g}")
+            bound = f">= {shown(low)}" if high is None else f"in [{shown(low)}, {shown(high)}]"
             raise argparse.ArgumentTypeError(f"expected {_number(kind)} {bound}{why}, got {text!r}")
         return value
     return parse
