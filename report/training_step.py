@@ -151,7 +151,10 @@ def adamw_table() -> str:
 # -- the whole step on one GPU (`just bench training-step --batch 1 --world-size 1`) ---------------
 
 ONE_GPU = {"size": "8B", "batch": 1, "context": CONTEXT, "world_size": 1,  # one GPU's share: one sequence,
-           "flags": lambda f: f["shard"] == "none" and f["keep_blocks"] == 0}  # unsharded, all checkpointed
+           # unsharded, every block fully checkpointed (rows before plans existed have no "checkpoint")
+           "flags": lambda f: f["shard"] == "none" and f["keep_blocks"] == 0
+           and f.get("checkpoint", f"full:{CFG.num_layers}") == f"full:{CFG.num_layers}"
+           and not f.get("expandable_segments", False)}
 STEP_BENCH = "training-step"
 VARIANT_WORDS = {"stock": "stock PyTorch (SDPA, checkpointed loss chunks, torch fused AdamW)",
                  "ours": "ours (FlashAttention, fused loss, FusedAdamW)"}

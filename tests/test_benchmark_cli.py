@@ -284,3 +284,24 @@ def test_memory_measures_stored_cells_again_and_remeasure_is_the_default(tmp_pat
     assert memory_sweep.main([*argv, "--remeasure"]) == 0
     assert len(rows(tmp_path / "memory" / "peaks" / "cpu.jsonl")) == 3
     assert "--remeasure: every run measures every cell now" in capsys.readouterr().err
+
+
+def test_snapshot_cells_measured_without_their_timeline_are_measured_again(tmp_path):
+    # A snapshot cell added to the defaults after its peak row was stored (the 2026 edition's 128)
+    # has no timeline yet: the GPU run must measure it again. One that ran out of memory has none to take.
+    from cs336_systems.bench.store import ResultStore
+    from cs336_systems.profiling import memory_sweep
+
+    key = memory_sweep.KEY
+    peaks = ResultStore("memory/peaks", key, device="cpu", root=tmp_path)
+    timelines = ResultStore("memory/timeline", key, device="cpu", root=tmp_path)
+    cell = {"size": "2.7B", "mode": "train", "dtype": "fp32", "batch": 4}
+    cells = [{**cell, "context": c} for c in (128, 512, 2048)]
+    peaks.append(cells[0], {"peak_mib": 1.0})
+    peaks.append(cells[1], {"peak_mib": 2.0})
+    timelines.append({k: cells[1][k] for k in key}, {"gib": [1.0]})
+    peaks.append(cells[2], status="oom")
+    snap = {"128/train/fp32", "512/train/fp32", "2048/train/fp32"}
+    assert memory_sweep.missing_timelines(cells, snap, peaks, timelines) == [cells[0]]
+    assert memory_sweep.missing_timelines(cells, set(), peaks, timelines) == []
+    assert {"128/forward/fp32", "128/train/fp32", "2048/forward/fp32"} <= set(memory_sweep.SNAPSHOT_CELLS)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import set_checkpoint_early_stop
 
-from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy
+from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy, get_config
 from cs336_systems.profiling.checkpoint_theory import (
     best_block_size,
     nested_forwards,
@@ -301,9 +301,37 @@ def test_checkpoint_bench_on_cpu(tmp_path):
     assert rows[1]["segments"] == 2 and rows[0]["segments"] == 0
 
 
+def test_checkpoint_bench_measures_the_sub_block_granularities_in_a_file_of_their_own(tmp_path):
+    """The sub-block cells go beside the block-size file, not into it (whose readers key rows by k
+    alone); --remeasure measures cells of a resumed run again."""
+    import json
+
+    from cs336_systems.bench.store import results_path
+    from cs336_systems.profiling import checkpoint_bench as cb
+
+    argv = ["--size", "tiny", "--context", "16", "--batch", "2", "--ks", "1", "--warmup", "0",
+            "--steps", "1", "--device", "cpu", "--results-dir", str(tmp_path)]
+    assert cb.main([*argv, "--sublayers", "attn,ffn,attn+ffn"]) == 0
+    blocks = results_path(cb.BENCH, "cpu", tmp_path)
+    inside = results_path(cb.SUBLAYER_BENCH, "cpu", tmp_path)
+    assert [json.loads(line)["checkpoint_every"] for line in blocks.read_text().splitlines()] == [1]
+    by = {r["sublayers"]: r for r in map(json.loads, inside.read_text().splitlines())}
+    assert set(by) == {"attn", "ffn", "attn+ffn"}
+    assert all(r["status"] == "ok" and r["checkpoint_every"] == 0 for r in by.values())
+    saved = {g: r["saved_after_forward_gib"] for g, r in by.items()}
+    assert saved["attn+ffn"] < min(saved["attn"], saved["ffn"])
+    assert by["attn+ffn"]["segments"] == 2 * get_config("tiny").num_layers
+    assert cb.main([*argv, "--sublayers", "attn", "--resume"]) == 0  # that run is done: nothing measured
+    assert len(inside.read_text().splitlines()) == 3 and len(blocks.read_text().splitlines()) == 1
+    assert cb.main([*argv, "--sublayers", "attn", "--resume", "--remeasure"]) == 0  # again, within it
+    assert len(inside.read_text().splitlines()) == 4 and len(blocks.read_text().splitlines()) == 2
+    assert cb.main([*argv, "--sublayers", "attn"]) == 0  # a new run measures every cell
+    assert len(inside.read_text().splitlines()) == 5 and len(blocks.read_text().splitlines()) == 3
+
+
 @pytest.mark.parametrize("argv, flag", [(["--ks", "0,3"], "--ks"), (["--ks", "-1"], "--ks"),
                                         (["--size", "huge"], "--size"), (["--steps", "0"], "--steps"),
-                                        (["--mode", "forward"], "--mode")])
+                                        (["--mode", "forward"], "--mode"), (["--sublayers", "norm"], "--sublayers")])
 def test_checkpoint_bench_bad_arguments_exit_2(argv, flag, capsys, tmp_path):
     from cs336_systems.profiling import checkpoint_bench as cb
 
@@ -312,3 +340,159 @@ def test_checkpoint_bench_bad_arguments_exit_2(argv, flag, capsys, tmp_path):
     assert info.value.code == 2
     assert flag in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+# ---- finer than a block: checkpointing one branch of every block ----------------------------------
+
+SUBLAYER_CASES = [("attn",), ("ffn",), ("attn", "ffn")]
+
+
+def _sub_model(sublayers=(), cfg=CFG, k=0) -> TransformerLM:
+    torch.manual_seed(0)
+    model = TransformerLM.from_config(cfg, checkpoint_every=k)
+    model.checkpoint_sublayers = sublayers
+    return model
+
+
+@pytest.mark.parametrize("sublayers", SUBLAYER_CASES)
+def test_sublayer_checkpointing_gives_the_same_loss_and_gradients_bit_for_bit(sublayers):
+    # Recomputation replays the same CPU kernels on the same inputs: the same arithmetic.
+    x, y = _tokens()
+    ref, ck = _model(0), _sub_model(sublayers)
+    ref_loss, ck_loss = _loss(ref, x, y), _loss(ck, x, y)
+    assert torch.equal(ref_loss, ck_loss)
+    ref_loss.backward()
+    ck_loss.backward()
+    for (name, p), q in zip(ref.named_parameters(), ck.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize("sublayers", [(), *SUBLAYER_CASES])
+def test_only_the_checkpointed_branches_run_twice(sublayers):
+    x, y = _tokens()
+    model = _sub_model(sublayers)
+    calls = {"attn": 0, "ffn": 0}
+    for block in model.layers:
+        block.attn.register_forward_pre_hook(lambda *_: calls.__setitem__("attn", calls["attn"] + 1))
+        block.ffn.register_forward_pre_hook(lambda *_: calls.__setitem__("ffn", calls["ffn"] + 1))
+    _loss(model, x, y).backward()
+    L = CFG.num_layers
+    assert calls == {b: (2 if b in sublayers else 1) * L for b in calls}
+
+
+def test_each_branch_saves_what_the_accounting_counts():
+    """The per-branch count (accounting.block_sublayer_bytes) against autograd's saved tensors of one
+    branch called alone, and the two branches against the per-layer count of the whole model."""
+    from cs336_systems.sharding.accounting import block_sublayer_bytes
+
+    model = _model(0)
+    block, s = model.layers[0], CFG.context_length
+    h = torch.randn(BATCH, s, CFG.d_model, requires_grad=True)
+    positions = torch.arange(s)
+    with saved_activation_bytes(model.parameters()) as attn:
+        block.attention_branch(h, model.causal_mask, positions)
+    with saved_activation_bytes(model.parameters()) as ffn:
+        block.ffn_branch(h)
+    counted = block_sublayer_bytes(CFG, BATCH)
+    assert (attn["bytes"], ffn["bytes"]) == (counted["attn"], counted["ffn"])
+    one_fewer = ModelConfig(**{**CFG.as_dict(), "num_layers": CFG.num_layers - 1})
+    per_layer = transformer_activation_bytes(CFG, BATCH) - transformer_activation_bytes(one_fewer, BATCH)
+    assert counted["attn"] + counted["ffn"] == per_layer
+
+
+@pytest.mark.parametrize("sublayers", [(), *SUBLAYER_CASES])
+def test_saved_bytes_move_as_the_sublayer_arithmetic_predicts(sublayers):
+    """Exactly: what lies outside the blocks, plus checkpoint_theory.sublayer_saved from the
+    per-branch counts, plus the causal mask (s*s bools) and positions (s int64) that the attention
+    checkpoints take as inputs, stored once (one storage each)."""
+    from cs336_systems.profiling.checkpoint_theory import sublayer_saved
+    from cs336_systems.sharding.accounting import block_sublayer_bytes
+
+    x, y = _tokens()
+    b, s, d, L = BATCH, CFG.context_length, CFG.d_model, CFG.num_layers
+    A = block_sublayer_bytes(CFG, b)
+    outside = transformer_activation_bytes(CFG, b) - L * (A["attn"] + A["ffn"]) + 8 * b * s  # + the targets
+    shared = s * s + 8 * s if "attn" in sublayers else 0
+    model = _sub_model(sublayers)
+    with saved_activation_bytes(model.parameters()) as counted:
+        _loss(model, x, y)
+    assert counted["bytes"] == outside + shared + sublayer_saved(L, A["attn"], A["ffn"], 4 * b * s * d, sublayers)
+
+
+# Two shapes on either side of the k = 1 against k = 1/2 question: in the first the feed-forward
+# branch's residuals exceed the L kept inputs that halving the segments adds; in the second a long
+# context makes attention's backward working set (2 b h s^2) dominate.
+PEAK_CFGS = [CFG, ModelConfig(vocab_size=64, context_length=128, d_model=64, num_layers=3, num_heads=4, d_ff=128)]
+
+
+@pytest.mark.parametrize("cfg", PEAK_CFGS, ids=["short", "long"])
+def test_the_walked_backward_peak_is_within_20_percent_of_the_live_tensor_peak(cfg):
+    """backward_peak against LiveTensorBytes for none, k = 1, 2 and the three branch granularities.
+    20%: the walk leaves out what lies outside the blocks (logits, the loss) and rounds each
+    branch's working set to its largest gradients; on these shapes it lands within 13%. And the two
+    agree on which of k = 1 and k = 1/2 is the smaller."""
+    from cs336_systems.profiling.checkpoint_theory import backward_peak
+    from cs336_systems.sharding.accounting import block_sublayer_bytes, branch_backward_bytes
+
+    b, s, L = 2, cfg.context_length, cfg.num_layers
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, cfg.vocab_size, (b, s), generator=g) for _ in range(2))
+    A, W, c = block_sublayer_bytes(cfg, b), branch_backward_bytes(cfg, b), 4 * b * s * cfg.d_model
+    measured, modelled = {}, {}
+    for k, kept in [(0, ()), (1, ()), (2, ()), *((0, sub) for sub in SUBLAYER_CASES)]:
+        model = _sub_model(kept, cfg, k)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        with LiveTensorBytes() as mem:
+            cross_entropy(model(x).view(-1, cfg.vocab_size), y.view(-1)).backward()
+        measured[(k, kept)] = mem.peak
+        modelled[(k, kept)] = backward_peak(L, A["attn"], A["ffn"], c, W["attn"], W["ffn"], k=k, checkpointed=kept)
+        assert modelled[(k, kept)] == pytest.approx(mem.peak, rel=0.2), (k, kept)
+    half, one = (0, ("attn", "ffn")), (1, ())
+    assert (measured[half] < measured[one]) == (modelled[half] < modelled[one])
+    assert (measured[half] < measured[one]) == (cfg is CFG)  # the two shapes really differ
+    for kept in SUBLAYER_CASES[:2]:  # one branch checkpointed sits between none and k = 1
+        assert measured[(1, ())] < measured[(0, kept)] < measured[(0, ())]
+
+
+def test_sublayer_arithmetic_by_hand():
+    from cs336_systems.profiling.checkpoint_theory import (
+        backward_peak,
+        branch_flops,
+        granularity_table,
+        sublayer_peak,
+        sublayer_saved,
+    )
+
+    L, Aa, Af, c = 4, 10.0, 6.0, 1.0
+    assert sublayer_saved(L, Aa, Af, c) == L * (Aa + Af) == single_level_peak(L, 0, Aa + Af, c)
+    assert sublayer_peak(L, Aa, Af, c, "attn") == L * (c + Af) + Aa
+    assert sublayer_peak(L, Aa, Af, c, ["ffn", "attn"]) == 2 * L * c + Aa
+    # without working sets, the walk's peak is where it starts: everything the forward saved
+    assert backward_peak(L, Aa, Af, c, 0.0, 0.0) == L * (Aa + Af)
+    assert backward_peak(L, Aa, Af, c, 0.0, 0.0, k=1) == L * c + Aa + Af - c  # the input is one of A's
+    fl = branch_flops(d_model=8, d_ff=32, context=4, tokens=16)
+    assert fl == {"attn": 8 * 16 * 64 + 4 * 16 * 4 * 8, "ffn": 6 * 16 * 8 * 32}
+    table = {r["granularity"]: r for r in granularity_table(L, Aa, Af, c, flops=fl,
+                                                           working_set={"attn": 1.0, "ffn": 1.0})}
+    assert table["attention branch"]["recomputed"] == pytest.approx(fl["attn"] / sum(fl.values()))
+    assert table["k = 1 (a block)"]["recomputed"] == 1.0 and table["none"]["recomputed"] == 0.0
+    assert all("backward_peak_bytes" in r for r in table.values())
+    with pytest.raises(ValueError, match="one granularity"):
+        backward_peak(L, Aa, Af, c, 0.0, 0.0, k=1, checkpointed="attn")
+    with pytest.raises(ValueError, match="unknown branch"):
+        sublayer_saved(L, Aa, Af, c, "norm")
+
+
+def test_the_model_takes_one_granularity_at_a_time():
+    model = _model(0)
+    model.checkpoint_sublayers = ("ffn", "attn", "ffn")
+    assert model.checkpoint_sublayers == ("attn", "ffn")  # canonical order, once each
+    with pytest.raises(ValueError, match="one granularity"):
+        model.checkpoint_every = 2
+    model.checkpoint_sublayers = ()
+    model.checkpoint_every = 2
+    with pytest.raises(ValueError, match="one granularity"):
+        model.checkpoint_sublayers = "attn"
+    with pytest.raises(ValueError, match="unknown sub-layer"):
+        model.checkpoint_sublayers = ("norm",)

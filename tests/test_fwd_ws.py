@@ -54,7 +54,7 @@ from cs336_systems.attention.fast.tuning.compile_report import machine_code
 lay = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)"
 sig = {{"q_desc": f"tensordesc<bf16[64, 64],{{lay}}>", "k_desc": f"tensordesc<bf16[{block_n}, 64],{{lay}}>",
        "v_desc": f"tensordesc<bf16[{block_n}, 64],{{lay}}>", "O": "*bf16", "L": "*fp32", "n_q": "i32", "n_k": "i32",
-       "qk_scale": "fp32"}}
+       "qk_scale": "fp32", "GROUP": "i32"}}
 maxnreg, math_regs = fwd_ws.register_split({warpgroups})  # as the launcher sets them
 const = dict(D=64, BN={block_n}, STAGES={stages}, CAUSAL=True, MATH_REGS=math_regs, NW={warpgroups})
 src = gluon._runtime.GluonASTSource(fwd_ws_kernel, sig | {{k: "constexpr" for k in const}}, constexprs=const)
@@ -90,3 +90,35 @@ def test_gpu_output_and_logsumexp_match_the_reference(shape, is_causal, dtype, b
     err = float((o.double() - want_o).norm() / want_o.norm())
     assert err < 1e-2, f"O: relative error {err:.3g}"
     assert float((L.double() - want_L).abs().max()) < 2e-2, "L"
+
+
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU (the kernel uses sm_90 warpgroup MMA, TMA and setmaxnreg)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 256, 256), (1, 2, 200, 384), (2, 1, 1000, 1024), (1, 4, 4096, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("block_n,stages,warpgroups", [(128, 3, 2), (128, 2, 2), (64, 4, 2), (64, 3, 3)])
+def test_gpu_head_dim_128_matches_the_reference(shape, is_causal, dtype, block_n, stages, warpgroups):
+    Z, H, n_q, n_k = shape
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(Z, H, n_q, 128, device="cuda", dtype=dtype, generator=g)
+    k, v = (torch.randn(Z, H, n_k, 128, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    o, L = fwd_ws.launch_fwd_ws(q, k, v, is_causal, block_n, stages, warpgroups)
+    want_o, want_L = attention_reference(q.double(), k.double(), v.double(), is_causal)
+    # bf16 operands and output: the output's own rounding is ~2^-8 relative; 1e-2 leaves room for P's
+    err = float((o.double() - want_o).norm() / want_o.norm())
+    assert err < 1e-2, f"O: relative error {err:.3g}"
+    assert float((L.double() - want_L).abs().max()) < 2e-2, "L"
+
+
+def test_heads_per_group_keeps_a_groups_tensors_within_the_l2_budget(monkeypatch):
+    monkeypatch.setattr(fwd_ws, "_sm_count", lambda device: 132)
+    mib = 1 << 20
+    # the step's forward: K and V of one 32,768-token head are 16 MiB, so one head at a time
+    assert fwd_ws.heads_per_group(32, 16 * mib, 128, 256, "cuda") == 1
+    # 4,096 tokens: 2 MiB a head, twelve heads fit 24 MiB (64 heads, 2,048 programs: many waves)
+    assert fwd_ws.heads_per_group(64, 2 * mib, 128, 32, "cuda") == 12
+    # a launch of at most four waves runs as one group; d = 64 always does
+    assert fwd_ws.heads_per_group(16, 2 * mib, 128, 32, "cuda") == 16
+    assert fwd_ws.heads_per_group(32, 16 * mib, 64, 256, "cuda") == 32

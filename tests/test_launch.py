@@ -15,7 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cs336_systems.distributed.launch import RankFailed, Worker, remove_stale_spawn_dirs, spawn
+from cs336_systems.distributed.launch import (
+    RankFailed,
+    Worker,
+    gpus_needed,
+    remove_stale_spawn_dirs,
+    spawn,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -75,6 +81,8 @@ def test_collective_timeout_ends_a_stalled_job():
     (dict(world_size=2, backend="mpi"), "backend"),
     (dict(world_size=2, backend="nccl", device="cpu"), "nccl"),
     (dict(world_size=2, timeout_s=0), "timeout_s"),
+    (dict(world_size=2, ranks_per_gpu=0), "ranks_per_gpu"),
+    (dict(world_size=2, backend="nccl", device="cuda", ranks_per_gpu=2), "ranks_per_gpu 2 needs backend 'gloo'"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -85,6 +93,28 @@ def test_bad_arguments_are_named(kwargs, match):
 def test_nccl_without_enough_gpus_is_refused_before_spawning():
     with pytest.raises(ValueError, match="GPU"):
         spawn(_sum_ranks, 64, 1.0, backend="nccl")
+
+
+def _where(worker: Worker) -> tuple[int, str, int]:
+    return worker.rank, worker.device.type, worker.ranks_per_gpu
+
+
+def test_ranks_sharing_a_device_know_it():
+    # on the CPU every rank is on the host anyway: the run goes through the same path, and each
+    # rank is told how many share its device (the benchmarks mark their rows with it)
+    assert spawn(_where, 2, ranks_per_gpu=2) == [(0, "cpu", 2), (1, "cpu", 2)]
+
+
+def test_gpus_needed_rounds_up():
+    assert [gpus_needed(n, 2) for n in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert gpus_needed(8) == 8
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="needs fewer than 2 GPUs")
+def test_sharing_counts_the_gpus_it_needs():
+    have = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=f"needs 2 GPU\\(s\\) for 4 local ranks, 2 per GPU, but {have}"):
+        spawn(_where, 4, device="cuda", ranks_per_gpu=2)
 
 
 # -- a parent that dies takes its ranks and its temporary directory with it ----------------------

@@ -51,6 +51,41 @@ def test_parameter_counts_match_spec(size):
         assert round(counts["non_embedding"] / 1e6, 1) == pytest.approx(non_embedding / 1e6)
 
 
+# The 2026 handout's table: (d_model, d_ff, num_layers, num_heads) by its names.
+HANDOUT_2026 = {"small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16), "large": (1280, 5120, 36, 20),
+                "xl": (2560, 10240, 32, 32), "10B": (4608, 12288, 50, 36)}
+
+
+@pytest.mark.parametrize("name", list(HANDOUT_2026))
+def test_the_2026_table_maps_to_presets_of_its_shapes(name):
+    from cs336_systems.model.config import EDITION_SIZES, handout_name
+
+    preset = EDITION_SIZES["2026"][name]
+    cfg = get_config(preset)
+    assert (cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.num_heads) == HANDOUT_2026[name]
+    assert (cfg.vocab_size, cfg.context_length) == (10_000, 512)  # the handout's vocab and default context
+    assert handout_name(preset, "2026") == name
+
+
+def test_the_10b_preset_counts_its_parameters_like_the_built_module():
+    # 50 x (4 d^2 + 3 d f + 2 d) + 2 V d + d, d = 4608, f = 12288, V = 10,000, by hand:
+    by_hand = 50 * (4 * 4608**2 + 3 * 4608 * 12288 + 2 * 4608) + 2 * 10_000 * 4608 + 4608
+    model = TransformerLM.from_config(get_config("10B"), device="meta")
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(get_config("10B"))["total"] == by_hand
+
+
+def test_the_2025_presets_are_unchanged_and_each_edition_lists_five_sizes():
+    from cs336_systems.model.config import edition_presets, handout_name
+
+    assert list(PRESETS) == edition_presets("2025") == ["small", "medium", "large", "xl", "2.7B"]
+    assert edition_presets("2026") == ["small", "medium", "large", "2.7B", "10B"]
+    assert handout_name("2.7B", "2025") == "2.7B" and handout_name("xl", "2025") == "xl"
+    with pytest.raises(ValueError, match="no preset 'xl'"):
+        handout_name("xl", "2026")  # the 1600-wide xl is not in the 2026 table
+    with pytest.raises(ValueError, match="unknown edition"):
+        edition_presets("2024")
+
+
 # ---- an independent functional implementation of the same architecture -----------------------
 
 def rope_complex(x: torch.Tensor, theta: float) -> torch.Tensor:

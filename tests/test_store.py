@@ -95,6 +95,18 @@ def test_oom_is_a_result_and_errors_are_retried(tmp_path):
     assert store.has({"n": 1}) and not store.has({"n": 2})  # the error row is measured again
 
 
+def test_an_oom_row_keeps_the_context_its_measurement_attached(tmp_path):
+    def measure(cell):
+        exc = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        exc.oom_context = {"oom_phase": "optimizer", "predicted_lower_bound_gib": 191.2}
+        raise exc
+
+    store = ResultStore("demo/oom-context", key=["n"], root=tmp_path, device="cpu")
+    [row] = run_sweep(store, [{"n": 0}], measure)
+    assert row["status"] == "oom" and row["tried_mib"] == 2048
+    assert row["oom_phase"] == "optimizer" and row["predicted_lower_bound_gib"] == 191.2
+
+
 def test_a_sweep_with_a_failed_cell_exits_1_naming_it(tmp_path, capsys):
     store = ResultStore("demo/fail", key=["n"], root=tmp_path, device="cpu")
 

@@ -332,7 +332,8 @@ def test_bench_one_rank_writes_a_row_per_variant(tmp_path, variants):
     if "stock" in flags:
         assert flags["stock"] == {"attention": "sdpa", "loss": "chunked", "optimizer": "torch.optim.AdamW",
                                   "checkpointed_blocks": 1, "keep_blocks": 1, "compile": False, "shard": "none",
-                                  "loss_chunk": 4096}
+                                  "loss_chunk": 4096, "checkpoint": "full:1,none:1",
+                                  "expandable_segments": False}
         assert flags["plain"]["attention"] == "naive" and flags["plain"]["checkpointed_blocks"] == 0
     else:
         assert flags["ours"]["optimizer"] == "FusedAdamW" and flags["ours"]["loss"] == "fused"
@@ -416,6 +417,20 @@ def test_a_memory_limit_refuses_and_allow_oom_runs_anyway(tmp_path, capsys, monk
     (["--shard", "zero"], "--shard"),
     (["--rep-ms", "0"], "--rep-ms"),
     (["--shard", "fsdp", "--compile"], "--shard fsdp"),  # its hooks would recompile every block
+    # checkpoint plans (checkpoint_plan.py): refused before anything is built or spawned
+    (["--checkpoint", "full:3"], "--checkpoint full:3"),         # tiny has 2 blocks
+    (["--checkpoint", "none:2", "fast:2"], "--checkpoint fast:2"),  # one bad plan of two
+    (["--checkpoint", "selective+w4:2"], "--checkpoint selective+w4:2"),
+    (["--checkpoint", "full,none"], "--checkpoint full,none"),
+    (["--checkpoint", "full:1", "--keep-blocks", "1"], "--checkpoint and --keep-blocks"),
+    (["--sweep", "2", "--checkpoint", "full:2"], "--checkpoint and --sweep"),
+    (["--sweep", "0"], "--sweep"),
+    (["--sweep", "2", "--memory-per-rank-gib", "1e-6"], "--sweep: no plan of stock"),
+    (["--checkpoint", "selective:2", "--memory-per-rank-gib", "1e-6"], "--checkpoint selective:2 cannot fit"),
+    (["--trace-dir", "traces"], "--trace-dir"),                  # only with --profile
+    (["--variant", "stock", "--checkpoint", "ours=full:2"], "--checkpoint ours=full:2"),  # not in this run
+    (["--variant", "stock", "ours", "--checkpoint", "ours=full:2"], "no plan for stock"),
+    (["--variant", "stock", "--checkpoint", "stock=full:3"], "--checkpoint stock=full:3"),
 ])
 def test_bad_arguments_name_the_flag(argv, flag, tmp_path, capsys, no_new_processes):
     assert flag in _refused([*TINY, *argv], tmp_path, capsys)

@@ -64,7 +64,7 @@ def run_sweep(store: ResultStore, cells: Iterable[Cell], measure: Callable[[Cell
     an interrupted run), appending one row per cell as it finishes.
 
     `measure(cell)` returns the metrics dict. An OOM becomes a row with status "oom" (a result,
-    not a crash); any other exception becomes status "error" with its message, and the sweep goes on
+    not a crash), with the allocator's numbers and any `oom_context` dict the exception carries; any other exception becomes status "error" with its message, and the sweep goes on
     (unless fail_fast). Returns the rows written by this call; exit_code(rows) turns them into
     the process's exit status. Rows also go into `written` if given, so a caller that stops the
     sweep with an exception still has them.
@@ -87,7 +87,10 @@ def run_sweep(store: ResultStore, cells: Iterable[Cell], measure: Callable[[Cell
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row
             if is_oom(exc):
-                written.append(store.append(cell, oom_details(exc), status="oom", error="CUDA out of memory"))
+                # `oom_context`: fields the measure function attached (the phase it failed in, its
+                # memory arithmetic), stored beside the allocator's numbers
+                details = {**oom_details(exc), **getattr(exc, "oom_context", {})}
+                written.append(store.append(cell, details, status="oom", error="CUDA out of memory"))
             else:
                 msg = f"{type(exc).__name__}: {exc}"
                 written.append(store.append(cell, status="error", error=msg))

@@ -1,9 +1,11 @@
 """fsdp_accounting: step time and peak memory per GPU of every data-parallel variant, side by side
-in one run (one process group, the same model and batch), and a profiled FSDP step.
+in one run (the same model, batch and ranks), and a profiled FSDP step.
 
     python -m cs336_systems.bench fsdp --device cuda --world-size 2      # xl, 2 GPUs, NCCL
     python -m cs336_systems.bench fsdp --device cpu --size tiny          # the same path on gloo
     torchrun --nproc-per-node 2 -m cs336_systems.distributed.fsdp_bench --device cuda
+    python -m cs336_systems.bench fsdp --device cuda --backend gloo --ranks-per-gpu 2 --size 2.7B
+                                                   # ONE GPU: two gloo ranks share it (memory only)
 
 Variants (all torch.optim.AdamW, lr 1e-4, weight decay 0.01, fp32 master weights):
     ddp          our DDPBucketed (25 MB buckets), fp32                    nothing sharded
@@ -19,7 +21,19 @@ Rows (results/fsdp/steps/<device>.jsonl), one per variant: step time (the slowes
 step; median, mean, std, min over the timed steps after warm-up, each step CUDA-synchronised),
 peak memory allocated per GPU during the timed steps (max over ranks, and each rank's), memory
 after building, and the expected per-rank bytes of weights + gradients + AdamW state from the
-shard arithmetic (sharding/accounting.py) beside the measured ones.
+shard arithmetic (sharding/accounting.py) beside the measured ones. On CUDA, our FSDP's rows also
+hold `gathered_memory`: one more step with the allocator's history recorded, reduced by
+fsdp/memory_timeline.py to how many gathered weights each rank's allocator held at once in forward
+and backward, and how many were left when each ended (the design's bound: 2, then 0).
+Each variant runs in its own fresh process group (spawn): clean memory counters, and a rank out of
+memory ends its variant with an "oom" row instead of leaving the other rank blocked in a collective.
+(Under torchrun, one group runs every variant in turn.)
+
+--ranks-per-gpu 2 (with --backend gloo): two ranks share each GPU, each capped at half its memory
+(launch.py). Each rank's peak (torch.cuda.max_memory_allocated of its own process) is a real
+measurement of what a rank of that variant needs; time is not (the ranks take turns on one GPU and
+gloo copies every collective through the host), so such rows record no step times, say
+`ranks_per_gpu` and why (`step_times`), and are kept apart from two-GPU rows by their key.
 --trace-dir DIR: rank 0 also profiles one more step of each --trace-variants variant, writes the
 chrome trace to DIR/fsdp_<variant>.json.gz, and a row to results/fsdp/trace/<device>.jsonl with
 compute/communication intervals (step_trace.timeline) and, for our FSDP, per layer when its
@@ -53,8 +67,16 @@ from cs336_systems.bench.cli import (
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.distributed import step_trace
+from cs336_systems.distributed.fsdp import memory_timeline
 from cs336_systems.distributed.fsdp.timeline import layer_timeline
-from cs336_systems.distributed.launch import Worker, in_torchrun, run_from_env, spawn
+from cs336_systems.distributed.launch import (
+    RankFailed,
+    Worker,
+    gpus_needed,
+    in_torchrun,
+    run_from_env,
+    spawn,
+)
 from cs336_systems.distributed.rank_times import slowest_per_step
 from cs336_systems.model import (
     ModelConfig,
@@ -68,13 +90,16 @@ from cs336_systems.sharding.accounting import memory_per_rank
 
 BENCH, TRACE_BENCH = "fsdp/steps", "fsdp/trace"
 VARIANTS = ["ddp", "sharded", "zero1", "fsdp", "fsdp-bf16", "fsdp2", "fsdp2-bf16"]
-KEY = ["variant", "size", "backend", "device_type", "world_size", "batch_size", "context_length"]
+KEY = ["variant", "size", "backend", "device_type", "world_size", "ranks_per_gpu", "batch_size",
+       "context_length"]
 GLOBAL_BATCH = 4   # the DDP chapter's: 4 sequences per step, split over the ranks
 ADAMW = {"lr": 1e-4, "weight_decay": 0.01}
 # Which accounting stage each variant's persistent state follows (all fp32 weights/grads/AdamW).
 STAGE = {"ddp": "ddp", "sharded": "sharded", "zero1": "zero1", "fsdp": "zero3",
          "fsdp-bf16": "zero3", "fsdp2": "zero3", "fsdp2-bf16": "zero3"}
 GIB = 2**30
+OURS = ("fsdp", "fsdp-bf16")  # the variants whose gathered weights memory_timeline follows
+SHARED_TIMES = "not recorded: {k} ranks share one GPU and gloo copies every collective through the host"
 
 
 # --8<-- [start:build]
@@ -121,17 +146,32 @@ class Run:
         tokens = torch.randint(cfg.vocab_size, (per_rank, cfg.context_length + 1), generator=g)
         self.x, self.y = tokens[:, :-1].to(worker.device), tokens[:, 1:].to(worker.device)
 
-    def step(self) -> None:
+    def step(self, mark=None) -> None:
+        """One training step; `mark(name)`, if given, is called as forward, backward (gradients
+        synchronised) and the optimizer step end (memory_timeline.AllocatorTrace.mark)."""
+        mark = mark or (lambda name: None)
         self.optimizer.zero_grad(set_to_none=True)
         with step_trace.phase("forward"):
             loss = cross_entropy(self.model(self.x).flatten(0, 1), self.y.flatten())
+        mark("forward")
         with step_trace.phase("backward"):
             loss.backward()
         with step_trace.phase("sync"):
             if self.finish is not None:
                 self.finish()
+        mark("backward")
         with step_trace.phase("optimizer"):
             self.optimizer.step()
+        mark("step")
+
+    def gathered_memory(self) -> dict:
+        """One more step with the allocator's history recorded: our FSDP's gathered weights alive."""
+        with memory_timeline.AllocatorTrace(self.worker.device) as trace:
+            self.step(mark=trace.mark)
+        summary = memory_timeline.gathered_alive(trace.entries, trace.marks)
+        expected = expected_gathers(self.model)
+        return {**summary, "expected_gathers": expected,
+                "within_bound": memory_timeline.within_bound(summary, expected)}
 
     def traced_step(self, path: Path) -> dict:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -148,10 +188,24 @@ class Run:
         return {**step_trace.timeline(prof), **layer_timeline(prof, t0_ms), "trace_file": path.name}
 
 
+def expected_gathers(model) -> int:
+    """All-gathers of one step of our FSDP: one per forward use of each sharded layer, and one per
+    backward use of those whose backward needs the weight (all but embedding lookups)."""
+    used = [type(model.layers[i].module).__name__ for i in model._order]  # the last forward's uses
+    return 2 * len(used) - used.count("Embedding")  # torch's, ours and the course's share the name
+
+
 def _memory(device: torch.device, what: str) -> float | None:
     if device.type != "cuda":
         return None
     return getattr(torch.cuda, what)(device) / GIB
+
+
+def _cap_gib(worker: Worker) -> float | None:
+    """The memory this rank may use when ranks share its GPU (launch.py caps each at 1/k)."""
+    if worker.device.type != "cuda" or worker.ranks_per_gpu == 1:
+        return None
+    return torch.cuda.get_device_properties(worker.device).total_memory / worker.ranks_per_gpu / GIB
 
 
 def measure(worker: Worker, variant: str, cfg: ModelConfig, args: argparse.Namespace) -> dict:
@@ -170,8 +224,13 @@ def measure(worker: Worker, variant: str, cfg: ModelConfig, args: argparse.Names
     times = time_steps(run.step, warmup=0, steps=args.steps, device=dev).times
     peak = [_memory(dev, "max_memory_allocated"), _memory(dev, "max_memory_reserved"), after_init]
     steps = slowest_per_step(worker, list(times))
+    gathered = None
+    if dev.type == "cuda" and args.memory_timeline and variant in OURS:
+        gathered = run.gathered_memory()  # after the peak is read: this step is not a timed one
+    mine = {"peak": peak, "gathered_memory": gathered, "memory_cap_gib": _cap_gib(worker),
+            "threads": torch.get_num_threads()}
     per_rank: list[Any] = [None] * worker.world_size
-    dist.all_gather_object(per_rank, peak)
+    dist.all_gather_object(per_rank, mine)
     trace = None
     if args.trace_dir and variant in args.trace_variants:
         path = Path(args.trace_dir) / f"fsdp_{variant}.json.gz"
@@ -185,65 +244,133 @@ def measure(worker: Worker, variant: str, cfg: ModelConfig, args: argparse.Names
     return {"steps": steps, "per_rank": per_rank, "trace": trace}
 
 
+def step_time_fields(ms: list[float], ranks_per_gpu: int) -> dict:
+    """The step-time columns, or none of them when ranks share a GPU (their times mean nothing)."""
+    if ranks_per_gpu > 1:
+        return {"step_ms": None, "step_ms_mean": None, "step_ms_std": None, "step_ms_min": None,
+                "step_times": SHARED_TIMES.format(k=ranks_per_gpu)}
+    return {"step_ms": statistics.median(ms), "step_ms_mean": statistics.fmean(ms),
+            "step_ms_std": statistics.stdev(ms) if len(ms) > 1 else 0.0, "step_ms_min": min(ms),
+            "step_times": "measured"}
+
+
+def gathered_fields(per_rank: list[dict]) -> dict:
+    """Our FSDP's gathered weights per rank (memory_timeline.py), and the worst rank's counts."""
+    got = [r["gathered_memory"] for r in per_rank]
+    if any(g is None for g in got):
+        return {}
+    worst = lambda phase, what: max(g["phases"][phase][what] for g in got)  # noqa: E731
+    left = lambda mark: max(g["at_mark"][mark]["alive"] for g in got)  # noqa: E731
+    return {"gathered_memory": got,
+            "gathered_within_bound": all(g["within_bound"] for g in got),
+            "gathers_seen": [g["gathers"] for g in got], "gathers_expected": got[0]["expected_gathers"],
+            "gathered_max_alive_forward": worst("forward", "max_alive"),
+            "gathered_max_alive_backward": worst("backward", "max_alive"),
+            "gathered_left_at_forward_end": left("forward"),
+            "gathered_left_at_backward_end": left("backward")}
+
+
 def row(variant: str, cfg: ModelConfig, args: argparse.Namespace, world: int, got: dict) -> dict:
     n_params = count_parameters(cfg)["total"]
     expected = memory_per_rank(n_params, world, STAGE[variant])
     ms = [t * 1e3 for t in got["steps"]]
-    peaks = [p[0] for p in got["per_rank"]]
+    per_rank = got["per_rank"]
+    peaks = [r["peak"][0] for r in per_rank]
     on_gpu = peaks[0] is not None
     bf16 = variant.endswith("-bf16")
     return {
         "compute_dtype": "bf16" if bf16 else "fp32", "reduce_dtype": "bf16" if bf16 else "fp32",
-        "step_ms": statistics.median(ms), "step_ms_mean": statistics.fmean(ms),
-        "step_ms_std": statistics.stdev(ms) if len(ms) > 1 else 0.0, "step_ms_min": min(ms),
+        **step_time_fields(ms, args.ranks_per_gpu),
+        "gpus": gpus_needed(world, args.ranks_per_gpu) if on_gpu else None,
         "peak_allocated_gib": max(peaks) if on_gpu else None,
         "peak_allocated_gib_per_rank": peaks if on_gpu else None,
-        "peak_reserved_gib": max(p[1] for p in got["per_rank"]) if on_gpu else None,
-        "after_init_gib": max(p[2] for p in got["per_rank"]) if on_gpu else None,
+        "peak_reserved_gib": max(r["peak"][1] for r in per_rank) if on_gpu else None,
+        "after_init_gib": max(r["peak"][2] for r in per_rank) if on_gpu else None,
+        "memory_cap_gib": per_rank[0]["memory_cap_gib"],
+        **gathered_fields(per_rank),
         "expected_state_gib": expected.total / GIB,  # weights + grads + AdamW, per rank
         "expected_state_gib_parts": {k: v / GIB for k, v in expected.as_dict().items()
                                      if k in ("params", "grads", "optimizer_state")},
         "n_params": n_params, "warmup": args.warmup, "timed_steps": len(ms),
         "bucket_size_mb": args.bucket_size_mb if variant in ("ddp", "sharded") else None,
-        "threads_per_rank": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
+        "threads_per_rank": per_rank[0]["threads"], "cpu_cores": os.cpu_count(),
         "loadavg_1m": os.getloadavg()[0],
     }
 
 
-def run_all(worker: Worker, args: argparse.Namespace) -> None:
-    """Every variant in this one process group, in turn; rank 0 writes each row as it finishes."""
+def open_stores(args: argparse.Namespace) -> tuple[ResultStore, ResultStore]:
+    device = "cpu" if args.device == "cpu" else None  # None: the store names the GPU
+    return (ResultStore(BENCH, KEY, device=device, root=args.results_dir),
+            ResultStore(TRACE_BENCH, KEY, device=device, root=args.results_dir))
+
+
+def base_config(args: argparse.Namespace, backend: str, world: int) -> dict:
     cfg = get_config(args.size, args.context_length)
-    base = {"size": args.size, "backend": worker.backend, "device_type": worker.device.type,
-            "world_size": worker.world_size, "batch_size": args.batch_size,
+    return {"size": args.size, "backend": backend, "device_type": args.device, "world_size": world,
+            "ranks_per_gpu": args.ranks_per_gpu, "batch_size": args.batch_size,
             "context_length": cfg.context_length}
-    device = "cpu" if worker.device.type == "cpu" else None  # None: the store names the GPU
-    stores = None
-    if worker.rank == 0:
-        stores = (ResultStore(BENCH, KEY, device=device, root=args.results_dir),
-                  ResultStore(TRACE_BENCH, KEY, device=device, root=args.results_dir))
+
+
+def write(stores: tuple[ResultStore, ResultStore], config: dict, cfg: ModelConfig,
+          args: argparse.Namespace, world: int, got: dict | None, error: str | None = None) -> None:
+    """One variant's rows (got None: it ran out of memory), and a line on stderr."""
+    variant = config["variant"]
+    if got is None:
+        stores[0].append(config, status="oom", error=error)
+        print(f"[{BENCH}] {variant}: out of memory", file=sys.stderr, flush=True)
+        return
+    r = stores[0].append(config, row(variant, cfg, args, world, got))
+    if got["trace"] is not None:
+        stores[1].append(config, got["trace"])
+    shown = f"{r['step_ms']:.1f} ms/step" if r["step_ms"] is not None else "no step time (shared GPU)"
+    peak = f", peak {r['peak_allocated_gib']:.2f} GiB/rank" if r["peak_allocated_gib"] else ""
+    gathered = (f", gathered alive <= {r['gathered_max_alive_forward']}/"
+                f"{r['gathered_max_alive_backward']} (fwd/bwd)" if "gathered_within_bound" in r else "")
+    print(f"[{BENCH}] {variant}: {shown}{peak}{gathered} (expected state "
+          f"{r['expected_state_gib']:.2f} GiB)", file=sys.stderr, flush=True)
+
+
+def run_all(worker: Worker, args: argparse.Namespace) -> None:
+    """Under torchrun: every variant in this one process group, in turn; rank 0 writes each row."""
+    cfg = get_config(args.size, args.context_length)
+    base = base_config(args, worker.backend, worker.world_size)
+    stores = open_stores(args) if worker.rank == 0 else None
     todo = [[v for v in args.variants if not stores[0].has({**base, "variant": v})]
             if stores else None]
     dist.broadcast_object_list(todo, src=0)  # every rank runs the same variants, in order
     for variant in todo[0]:
-        config = {**base, "variant": variant}
         try:
-            got, status = measure(worker, variant, cfg, args), "ok"
-        except torch.cuda.OutOfMemoryError:
-            got, status = None, "oom"
+            got = measure(worker, variant, cfg, args)
+        except torch.cuda.OutOfMemoryError:  # a rank that did not run out waits in a collective
+            got = None
             gc.collect()
             torch.cuda.empty_cache()
-        if stores is None:
-            continue
-        if got is None:
-            stores[0].append(config, status=status)
-            print(f"[{BENCH}] {variant}: out of memory", file=sys.stderr, flush=True)
-            continue
-        r = stores[0].append(config, row(variant, cfg, args, worker.world_size, got))
-        if got["trace"] is not None:
-            stores[1].append(config, got["trace"])
-        peak = f", peak {r['peak_allocated_gib']:.2f} GiB/GPU" if r["peak_allocated_gib"] else ""
-        print(f"[{BENCH}] {variant}: {r['step_ms']:.1f} ms/step{peak} (expected state "
-              f"{r['expected_state_gib']:.2f} GiB)", file=sys.stderr, flush=True)
+        if stores is not None:
+            write(stores, {**base, "variant": variant}, cfg, args, worker.world_size, got)
+
+
+def _out_of_memory(exc: RankFailed) -> bool:
+    text = str(exc)
+    return "OutOfMemoryError" in text or "out of memory" in text.lower()
+
+
+def spawn_each(args: argparse.Namespace, backend: str, world: int) -> None:
+    """Each variant on `world` fresh ranks; this process writes the rows. A rank out of memory
+    ends its variant (the others are terminated) with an "oom" row; any other failure is raised."""
+    cfg = get_config(args.size, args.context_length)
+    base = base_config(args, backend, world)
+    stores = open_stores(args)
+    for variant in [v for v in args.variants if not stores[0].has({**base, "variant": v})]:
+        try:
+            got, error = spawn(measure, world, variant, cfg, args, backend=backend,
+                               device=args.device, timeout_s=args.timeout_s,
+                               ranks_per_gpu=args.ranks_per_gpu)[0], None
+        except RankFailed as exc:
+            if not _out_of_memory(exc):
+                raise
+            lines = [line for line in str(exc).splitlines() if "out of memory" in line.lower()]
+            got, error = None, f"rank {exc.rank}: {(lines or [str(exc)])[-1].strip()}"
+        write(stores, {**base, "variant": variant}, cfg, args, world, got, error)
 
 
 def check_args(parser: Parser, args: argparse.Namespace, world: int, local: int) -> None:
@@ -264,6 +391,8 @@ def check_args(parser: Parser, args: argparse.Namespace, world: int, local: int)
                                    bf16=v.endswith("bf16"))
                    for v in args.variants]
     have, where = fit.capacity_bytes(args.device, local)
+    if args.device == "cuda" and args.ranks_per_gpu > 1:  # each rank's allocator is capped at 1/k of its GPU
+        have, where = have / args.ranks_per_gpu, f"{where} / {args.ranks_per_gpu} ranks sharing it"
     fit.refuse_unless_fits(parser, args, min(per_variant, key=lambda m: m.lower_bound), have, where,
                            f"--size {args.size} --batch-size {args.batch_size} over {world} ranks "
                            f"--context-length {cfg.context_length}")
@@ -272,8 +401,13 @@ def check_args(parser: Parser, args: argparse.Namespace, world: int, local: int)
 def build_parser() -> Parser:
     p = Parser(prog="fsdp", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+                   help="default: nccl on cuda, gloo on cpu")
+    p.add_argument("--ranks-per-gpu", type=at_least(1), default=1,
+                   help="ranks sharing each GPU (> 1 needs --backend gloo): per-rank memory is "
+                        "measured, step times are not recorded (on cpu: a rehearsal, rows marked alike)")
     p.add_argument("--size", default=None, choices=[*PRESETS, *PRESETS_EXTRA],
-                   help="model preset (default: xl on cuda, tiny on cpu)")
+                   help="model preset (default: xl on cuda, tiny on cpu; the 2026 handout's xl is 2.7B)")
     p.add_argument("--world-size", type=at_least(2), default=2,
                    help="ranks to spawn, >= 2 for data parallelism (torchrun: its own)")
     p.add_argument("--batch-size", type=at_least(1), default=GLOBAL_BATCH,
@@ -287,6 +421,8 @@ def build_parser() -> Parser:
     p.add_argument("--trace-dir", default=None,
                    help="also profile one step per --trace-variants variant; chrome traces here")
     p.add_argument("--trace-variants", nargs="+", default=["fsdp", "fsdp-bf16"], choices=VARIANTS)
+    p.add_argument("--no-memory-timeline", dest="memory_timeline", action="store_false",
+                   help="skip the extra step of our FSDP with the CUDA allocator's history recorded")
     p.add_argument("--timeout-s", type=timeout_s, default=900.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
     fit.add_allow_oom(p)
@@ -298,26 +434,42 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.size is None:
         args.size = "xl" if args.device == "cuda" else "tiny"
+    if args.backend is None:
+        args.backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.backend == "nccl" and args.device != "cuda":
+        parser.error("--backend nccl needs --device cuda")
+    if args.ranks_per_gpu > 1 and args.backend != "gloo":
+        parser.error(f"--ranks-per-gpu {args.ranks_per_gpu} needs --backend gloo "
+                     "(NCCL refuses two ranks on one GPU)")
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
     if world < 2:
         parser.error(f"--world-size: data parallelism needs at least 2 ranks, got {world}")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if in_torchrun() else world
-    check_cuda(parser, args.device, gpus=local)
+    if local % args.ranks_per_gpu:
+        parser.error(f"--ranks-per-gpu {args.ranks_per_gpu} must divide the {local} ranks of a host")
+    need, have = gpus_needed(local, args.ranks_per_gpu), torch.cuda.device_count()
+    if args.device == "cuda" and 0 < have < need and args.backend == "gloo" and local % have == 0:
+        parser.error(f"--device cuda: {local} ranks need {need} GPU(s), {have} visible; gloo ranks "
+                     f"can share them: --ranks-per-gpu {local // have}")
+    check_cuda(parser, args.device, gpus=need)
     if args.batch_size < world or args.batch_size % world:
         parser.error(f"--batch-size {args.batch_size} must split evenly over {world} ranks")
+    if args.trace_dir is not None and args.ranks_per_gpu > 1:
+        parser.error("--trace-dir: a timeline of ranks sharing one GPU says nothing about overlap "
+                     "(drop --trace-dir or --ranks-per-gpu)")
     if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
         parser.error(f"--trace-dir {args.trace_dir} exists and is not a directory")
     check_args(parser, args, world, local)
-    device = "cpu" if args.device == "cpu" else None  # the paths rank 0 opens, checked before it starts
+    device = "cpu" if args.device == "cpu" else None  # the paths the stores open, checked first
     open_store(parser, BENCH, KEY, device=device, root=args.results_dir)
     open_store(parser, TRACE_BENCH, KEY, device=device, root=args.results_dir)
     if args.trace_dir is not None:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
-    backend = "nccl" if args.device == "cuda" else "gloo"
     if in_torchrun():
-        run_from_env(run_all, args, backend=backend, device=args.device, timeout_s=args.timeout_s)
+        run_from_env(run_all, args, backend=args.backend, device=args.device,
+                     timeout_s=args.timeout_s, ranks_per_gpu=args.ranks_per_gpu)
     else:
-        spawn(run_all, world, args, backend=backend, device=args.device, timeout_s=args.timeout_s)
+        spawn_each(args, args.backend, world)
     return 0
 
 

@@ -27,6 +27,12 @@ What the wrapper guarantees, so no caller has to think about it:
   process and never removes it): the rank exits after writing its traceback into the run's
   directory, and the parent removes any such file its ranks left.
 - `destroy_process_group` runs when the function returns.
+
+Ranks sharing a GPU (`ranks_per_gpu=k`, gloo only: NCCL refuses two ranks on one device): local
+ranks k*g ... k*g + k-1 all run on cuda:g, and each rank's caching allocator is capped at 1/k of
+the GPU's memory, so one rank's cache cannot starve the other of the memory both need. What such a
+run measures per rank (memory) is real; its times are not (the ranks take turns on one GPU, and gloo
+copies every collective through the host).
 """
 
 from __future__ import annotations
@@ -62,13 +68,15 @@ SPAWN_DIR_PREFIX = "cs336-spawn-"
 
 @dataclass(frozen=True)
 class Worker:
-    """What a rank knows about itself. `device` is cuda:local_rank for nccl, else cpu."""
+    """What a rank knows about itself. `device` is cuda:(local_rank // ranks_per_gpu) for CUDA
+    ranks, else cpu; ranks_per_gpu > 1: that many ranks share each GPU (gloo)."""
 
     rank: int
     world_size: int
     local_rank: int
     backend: str
     device: torch.device
+    ranks_per_gpu: int = 1
 
 
 class RankFailed(RuntimeError):
@@ -96,8 +104,13 @@ def in_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def gpus_needed(local_world_size: int, ranks_per_gpu: int = 1) -> int:
+    """GPUs one host must have for `local_world_size` ranks, `ranks_per_gpu` of them per GPU."""
+    return -(-local_world_size // ranks_per_gpu)
+
+
 def _check_backend(backend: str, device_type: str, world_size: int,
-                   local_world_size: int) -> None:
+                   local_world_size: int, ranks_per_gpu: int = 1) -> None:
     if backend not in {"gloo", "nccl"}:
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if device_type not in {"cpu", "cuda"}:
@@ -106,23 +119,30 @@ def _check_backend(backend: str, device_type: str, world_size: int,
         raise ValueError("backend 'nccl' needs device 'cuda'")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if ranks_per_gpu < 1:
+        raise ValueError(f"ranks_per_gpu must be >= 1, got {ranks_per_gpu}")
+    if ranks_per_gpu > 1 and backend != "gloo":
+        raise ValueError(f"ranks_per_gpu {ranks_per_gpu} needs backend 'gloo' (NCCL refuses two "
+                         f"ranks on one GPU), got {backend!r}")
     if device_type == "cuda":
-        have = torch.cuda.device_count()
-        if have < local_world_size:
-            raise ValueError(f"device 'cuda' needs one GPU per local rank: {local_world_size} "
-                             f"ranks but {have} GPU(s) visible")
+        have, need = torch.cuda.device_count(), gpus_needed(local_world_size, ranks_per_gpu)
+        if have < need:
+            raise ValueError(f"device 'cuda' needs {need} GPU(s) for {local_world_size} local "
+                             f"ranks, {ranks_per_gpu} per GPU, but {have} visible")
 
 
 def _make_worker(rank: int, world_size: int, local_rank: int, backend: str, device_type: str,
-                 threads_per_rank: int | None) -> Worker:
+                 threads_per_rank: int | None, ranks_per_gpu: int = 1) -> Worker:
     if device_type == "cuda":
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank // ranks_per_gpu)
         torch.cuda.set_device(device)
+        if ranks_per_gpu > 1:  # an equal share each: a rank's cache never starves its neighbour
+            torch.cuda.set_per_process_memory_fraction(1.0 / ranks_per_gpu, device)
     else:
         device = torch.device("cpu")
     if threads_per_rank is not None:
         torch.set_num_threads(threads_per_rank)
-    return Worker(rank, world_size, local_rank, backend, device)
+    return Worker(rank, world_size, local_rank, backend, device, ranks_per_gpu)
 
 
 def cpu_threads_per_rank(local_world_size: int) -> int:
@@ -219,7 +239,7 @@ def _sigint_blocked():
 def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: str,
                  device_type: str, port: int,
                  timeout_s: float, threads_per_rank: int | None, out_dir: str, parent_pid: int,
-                 args: tuple, kwargs: dict) -> None:
+                 args: tuple, kwargs: dict, ranks_per_gpu: int = 1) -> None:
     """Body of each spawned process. `index` is the rank (mp.spawn passes it first)."""
     rank = index
     _stop_on_sigint(parent_pid, out_dir)
@@ -228,7 +248,8 @@ def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: s
                      name="parent-watch").start()
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank or 1))
     try:
-        worker = _make_worker(rank, world_size, rank, backend, device_type, threads_per_rank)
+        worker = _make_worker(rank, world_size, rank, backend, device_type, threads_per_rank,
+                              ranks_per_gpu)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                               timeout=_dt.timedelta(seconds=min(timeout_s, CONNECT_TIMEOUT_S)))
         store.set_timeout(_dt.timedelta(seconds=timeout_s))
@@ -279,17 +300,17 @@ def _first_failure(out_dir: str) -> tuple[int, str] | None:
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
           device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, threads_per_rank: int | None = None,
-          **kwargs: Any) -> list[Any]:
+          ranks_per_gpu: int = 1, **kwargs: Any) -> list[Any]:
     """Run `fn(worker, *args, **kwargs)` on `world_size` fresh processes; return results by rank.
 
     `fn` must be importable (a module-level function) and its result picklable. If any rank raises,
     the others are terminated and `RankFailed` is raised here with that rank's traceback. The whole
     run is also bounded by a deadline of `timeout_s` beyond the collective timeouts, for a rank
     stuck outside a collective. `threads_per_rank` defaults to the host's cores shared out among
-    the ranks (CPU backends only).
+    the ranks (CPU backends only). `ranks_per_gpu` ranks share each GPU (gloo; module docstring).
     """
     device_type = device or default_device(backend)
-    _check_backend(backend, device_type, world_size, world_size)
+    _check_backend(backend, device_type, world_size, world_size, ranks_per_gpu)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if threads_per_rank is None and device_type == "cpu":
@@ -305,7 +326,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             with _sigint_blocked():  # the ranks start with SIGINT blocked (see _stop_on_sigint)
                 ctx = mp.spawn(_spawn_entry, nprocs=world_size, join=False,
                                args=(fn, world_size, backend, device_type, store.port, timeout_s,
-                                     threads_per_rank, out_dir, os.getpid(), args, kwargs))
+                                     threads_per_rank, out_dir, os.getpid(), args, kwargs, ranks_per_gpu))
             allowed = 2 * timeout_s + 60  # init + work + teardown, generously
             deadline = time.monotonic() + allowed
             while not ctx.join(timeout=0.5):
@@ -336,7 +357,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
 
 def run_from_env(fn: Callable[..., Any], *args: Any, backend: str | None = None,
                  device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, threads_per_rank: int | None = None,
-                 **kwargs: Any) -> Any:
+                 ranks_per_gpu: int = 1, **kwargs: Any) -> Any:
     """Run `fn(worker, *args, **kwargs)` in this process as one rank of a torchrun job.
 
     Reads RANK, WORLD_SIZE, LOCAL_RANK (and LOCAL_WORLD_SIZE) from the environment; torchrun's
@@ -352,10 +373,11 @@ def run_from_env(fn: Callable[..., Any], *args: Any, backend: str | None = None,
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend = backend or default_backend()
     device_type = device or default_device(backend)
-    _check_backend(backend, device_type, world_size, local_world_size)
+    _check_backend(backend, device_type, world_size, local_world_size, ranks_per_gpu)
     if threads_per_rank is None and device_type == "cpu":
         threads_per_rank = cpu_threads_per_rank(local_world_size)
-    worker = _make_worker(rank, world_size, local_rank, backend, device_type, threads_per_rank)
+    worker = _make_worker(rank, world_size, local_rank, backend, device_type, threads_per_rank,
+                          ranks_per_gpu)
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
                             timeout=_dt.timedelta(seconds=timeout_s),
                             device_id=worker.device if backend == "nccl" else None)

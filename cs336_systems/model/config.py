@@ -1,5 +1,11 @@
-"""Model hyperparameters and the five size presets every benchmark sweeps (the course handout's
-model-size table: vocab 10,000; small to 2.7B)."""
+"""Model hyperparameters and the size presets the benchmarks sweep (the course handouts' model-size
+tables: vocab 10,000).
+
+The 2025 table is small, medium, large, xl (1600 wide) and 2.7B: `PRESETS`, the five sizes every
+2025 sweep runs. The 2026 table renames the 2025 "2.7B" to "xl" and adds "10B"; `EDITION_SIZES`
+maps each edition's names to our presets (a 2026 "xl" is our `2.7B`), and `edition_presets("2026")`
+is the list a 2026 sweep runs.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +56,10 @@ PRESETS: dict[str, ModelConfig] = {
 # A config small enough for CPU tests and smoke runs of every benchmark.
 PRESETS_EXTRA: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=256),
+    # The 2026 size table's largest (its "10B"; 12.83B parameters by count_parameters: the SwiGLU's
+    # three d_ff matrices make it larger than its name). Kept out of PRESETS so the 2025 edition's
+    # five-size sweeps and tables stay as they were; the 2026 sweeps take it from EDITION_SIZES.
+    "10B": ModelConfig(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
     # The 2026 leaderboard's model (the course's Config): ~8.13B parameters, untied embedding and
     # LM head. Kept out of PRESETS so the five-size sweeps do not try to build it.
     "8B": ModelConfig(vocab_size=151_936, context_length=32_768, d_model=4_096, num_layers=34,
@@ -57,8 +67,35 @@ PRESETS_EXTRA: dict[str, ModelConfig] = {
 }
 
 
+# --8<-- [start:editions]
+# Each edition's size table, in its order: the handout's name -> our preset's name.
+EDITION_SIZES: dict[str, dict[str, str]] = {
+    "2025": {"small": "small", "medium": "medium", "large": "large", "xl": "xl", "2.7B": "2.7B"},
+    "2026": {"small": "small", "medium": "medium", "large": "large", "xl": "2.7B", "10B": "10B"},
+}
+# --8<-- [end:editions]
+
+
+def edition_presets(edition: str) -> list[str]:
+    """Our preset names for an edition's size table, in the table's order."""
+    if edition not in EDITION_SIZES:
+        raise ValueError(f"unknown edition {edition!r}; expected one of {', '.join(EDITION_SIZES)}")
+    return list(EDITION_SIZES[edition].values())
+
+
+def handout_name(preset: str, edition: str) -> str:
+    """What an edition's handout calls our preset (`2.7B` is the 2026 "xl"); ValueError if its
+    table has no such size (the 2025 table has no 10B, the 2026 one no 1600-wide xl)."""
+    names = {ours: theirs for theirs, ours in EDITION_SIZES[edition].items()} if edition in EDITION_SIZES else None
+    if names is None:
+        raise ValueError(f"unknown edition {edition!r}; expected one of {', '.join(EDITION_SIZES)}")
+    if preset not in names:
+        raise ValueError(f"the {edition} size table has no preset {preset!r}; it has {', '.join(names)}")
+    return names[preset]
+
+
 def get_config(size: str, context_length: int | None = None) -> ModelConfig:
-    """Look up a preset by name ('small' ... '2.7B', or 'tiny'), optionally at another context."""
+    """Look up a preset by name ('small' ... '2.7B', '10B', or 'tiny'), optionally at another context."""
     table = {**PRESETS, **PRESETS_EXTRA}
     if size not in table:
         raise ValueError(f"unknown model size {size!r}; expected one of {', '.join(table)}")

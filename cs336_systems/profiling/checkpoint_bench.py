@@ -6,6 +6,14 @@ this package keeps under that name), batch 4, context 2048, by default: one step
 memory per block size k of TransformerLM.checkpoint_every (0 = no checkpointing), so the best k and
 its neighbours can be read off one run. Rows: results/memory/checkpointing/<device>.jsonl.
 
+`--sublayers attn,ffn,attn+ffn` adds the granularities finer than a block (the "next smaller" than
+k = 1): inside every block, the attention branch alone, the feed-forward branch alone, or each on
+its own (TransformerLM.checkpoint_sublayers; checkpoint_theory.sublayer_peak is their arithmetic).
+Their rows go to results/memory/checkpointing_sublayers/<device>.jsonl (k = 0 there, `sublayers`
+naming the granularity), so the block-size file keeps one row kind. Every run measures its cells
+(the old rows stay; readers keep the newest), so k = 1 and 2 can be timed in the same run as the
+sub-block cells; `--remeasure` also measures again the cells a `--resume`d run had finished.
+
 Per k: --warmup untimed steps, then --steps timed (profiling.benchmark.measure: the allocator's peak
 over the timed steps on CUDA), then one forward whose saved tensors are counted (what the forward
 leaves for the backward: the segment inputs plus everything outside the blocks). On CPU there is no
@@ -27,7 +35,7 @@ from cs336_systems.bench.sweep import exit_code, run_sweep
 from cs336_systems.model import cross_entropy, get_config, use_attention
 from cs336_systems.model.attention import ATTENTION_IMPLS
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
-from cs336_systems.sharding.accounting import saved_activation_bytes
+from cs336_systems.sharding.accounting import block_sublayer_bytes, saved_activation_bytes
 
 from .benchmark import measure
 from .budget import check_fit
@@ -36,6 +44,9 @@ from .steps import DTYPES, MODES, autocast_context, build_model, random_batch
 
 BENCH = "memory/checkpointing"
 KEY = ["size", "context", "batch", "mode", "dtype", "attention", "checkpoint_every", "warmup", "steps"]
+SUBLAYER_BENCH = "memory/checkpointing_sublayers"
+SUBLAYER_KEY = [*KEY, "sublayers"]
+SUBLAYER_CHOICES = {"attn": ("attn",), "ffn": ("ffn",), "attn+ffn": ("attn", "ffn")}
 GIB = 2**30
 
 
@@ -63,6 +74,10 @@ def build_parser() -> Parser:
     p.add_argument("--batch", type=at_least(1), default=4)
     p.add_argument("--ks", type=csv_of(at_least(0)), default=[0, 1, 2, 3, 4, 6, 8, 16, 32],
                    help="block sizes k (checkpoint every k blocks; 0 = none); each <= num_layers")
+    p.add_argument("--sublayers", type=csv_of(choices=list(SUBLAYER_CHOICES), allow_empty=True), default=[],
+                   help="also checkpoint inside each block: attn, ffn, attn+ffn (comma-separated)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="with --resume: measure again the cells that run finished (a new run measures all)")
     p.add_argument("--mode", choices=[m for m in MODES if m != "forward"], default="forward-backward")
     p.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     p.add_argument("--attention", choices=list(ATTENTION_IMPLS), default="naive")
@@ -84,24 +99,37 @@ def main(argv: list[str] | None = None) -> int:
     too_big = [k for k in args.ks if k > cfg.num_layers]
     if too_big:
         p.error(f"--ks: {too_big} exceed the {args.size} model's {cfg.num_layers} layers")
-    # k > 0: the recomputed segment's k blocks are live at once beside every other block's input
+    # k > 0: the recomputed segment's k blocks are live at once beside every other block's input;
+    # inside-block cells (--sublayers): at least every block's input
     check_fit(p, args, [{"size": args.size, "context": args.context, "mode": args.mode, "dtype": args.dtype,
-                         "batch": args.batch, "attention": args.attention, "k": k} for k in args.ks],
-              lambda c: f"--size {c['size']} --context {c['context']} --batch {c['batch']} --ks {c['k']}",
-              checkpointed=lambda c: cfg.num_layers - c["k"] if c["k"] else 0)
-    store = open_store(p, BENCH, KEY, device=None if args.device.startswith("cuda") else "cpu",
-                       root=args.results_dir)
+                         "batch": args.batch, "attention": args.attention, "k": k} for k in args.ks]
+              + [{"size": args.size, "context": args.context, "mode": args.mode, "dtype": args.dtype,
+                  "batch": args.batch, "attention": args.attention, "k": None, "sublayers": g}
+                 for g in args.sublayers],
+              lambda c: (f"--size {c['size']} --context {c['context']} --batch {c['batch']} "
+                         + (f"--ks {c['k']}" if c["k"] is not None else f"--sublayers {c['sublayers']}")),
+              checkpointed=lambda c: cfg.num_layers if c["k"] is None else cfg.num_layers - c["k"] if c["k"] else 0)
+    slug = None if args.device.startswith("cuda") else "cpu"
+    store = open_store(p, BENCH, KEY, device=slug, root=args.results_dir)
+    sub_store = open_store(p, SUBLAYER_BENCH, SUBLAYER_KEY, device=slug, root=args.results_dir)
     dev = torch.device(args.device)
-    cells = [{"size": args.size, "context": args.context, "batch": args.batch, "mode": args.mode,
-              "dtype": args.dtype, "attention": args.attention, "checkpoint_every": k,
-              "warmup": args.warmup, "steps": args.steps} for k in args.ks]
+    base = {"size": args.size, "context": args.context, "batch": args.batch, "mode": args.mode,
+            "dtype": args.dtype, "attention": args.attention, "warmup": args.warmup, "steps": args.steps}
+    cells = [{**base, "checkpoint_every": k} for k in args.ks]
+    sub_cells = [{**base, "checkpoint_every": 0, "sublayers": g} for g in args.sublayers]
+    if args.remeasure:
+        for st, cs in ((store, cells), (sub_store, sub_cells)):
+            for cell in cs:
+                st.forget(cell)
     model = None
 
     def run(cell: dict) -> dict:
         nonlocal model
         model = model or build_model(cfg, dev)
         k = cell["checkpoint_every"]
+        model.checkpoint_sublayers = ()  # one granularity at a time: clear the other first
         model.checkpoint_every = k
+        model.checkpoint_sublayers = SUBLAYER_CHOICES.get(cell.get("sublayers"), ())
         params_bytes = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
         with use_attention(args.attention):
             out = measure(model, cfg, mode=args.mode, dtype=args.dtype, batch=args.batch,
@@ -111,13 +139,20 @@ def main(argv: list[str] | None = None) -> int:
             out["saved_after_forward_gib"] = saved_after_forward(model, x, y, args.dtype) / GIB
             if dev.type == "cpu":
                 out["live_peak_gib"] = live_peak_of_step(model, x, y, args.dtype) / GIB
-        out["segments"] = math.ceil(cfg.num_layers / k) if k else 0
+        branches = len(SUBLAYER_CHOICES.get(cell.get("sublayers"), ()))
+        out["segments"] = math.ceil(cfg.num_layers / k) if k else branches * cfg.num_layers
         # one segment input: the fp32 residual stream (b, s, d)
         out["checkpoint_gib"] = 4 * args.batch * args.context * cfg.d_model / GIB
+        # the arithmetic's terms (accounting.block_sublayer_bytes, fp32, naive attention): what the
+        # theory of checkpoint_theory.py predicts from, stored beside what was measured
+        branch = block_sublayer_bytes(cfg, args.batch, args.context)
+        out["attn_branch_gib"], out["ffn_branch_gib"] = branch["attn"] / GIB, branch["ffn"] / GIB
         out["params_gib"] = params_bytes / GIB if params_bytes is not None else None
         return out
 
-    return exit_code(run_sweep(store, cells, run, desc="checkpointing"), BENCH)
+    written = run_sweep(store, cells, run, desc="checkpointing") if cells else []
+    written += run_sweep(sub_store, sub_cells, run, desc="checkpointing inside blocks") if sub_cells else []
+    return exit_code(written, BENCH)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,35 @@ def repeated_host_ids(events: list[TraceEvent]) -> tuple[int, int]:
 
 
 # --8<-- [start:attribute]
+def launched_kernels(events: list[TraceEvent]) -> tuple[list[tuple[float, TraceEvent]], Counter, int]:
+    """Each unique device kernel with the host time of its launch: the runtime call with the
+    kernel's own CUPTI correlation id and linked op (both must match, so an op id that happens to
+    equal some runtime call's id cannot pull a kernel elsewhere); failing that, the start of the op
+    it is linked to; failing that, its own start on the GPU. Returns ((launch us, kernel) pairs, how
+    many were placed each way, how many exact repeats were dropped)."""
+    launches: dict[tuple[int, int], float] = {}
+    op_starts: dict[int, float] = {}
+    for e in events:
+        if e.on_device:
+            continue
+        if e.linked or RUNTIME_CALL.match(e.name):
+            launches.setdefault((e.corr, e.linked), e.start_us)
+        elif not e.annotation:
+            op_starts.setdefault(e.corr, e.start_us)
+    kernels, repeats = unique_kernels(events)
+    out, placed = [], Counter()
+    for k in kernels:
+        t = launches.get((k.corr, k.linked)) if k.corr else None
+        how = "launch_by_runtime_call"
+        if t is None and k.linked in op_starts:
+            t, how = op_starts[k.linked], "launch_by_op"
+        if t is None:
+            t, how = k.start_us, "placed_by_gpu_time"
+        placed[how] += 1
+        out.append((t, k))
+    return out, placed, repeats
+
+
 def attribute_kernels(events: Iterable[TraceEvent]) -> tuple[list[dict], dict[str, dict]]:
     """(kernel rows, per-phase totals) of one profiled step, every device kernel counted once.
 
@@ -149,27 +178,11 @@ def attribute_kernels(events: Iterable[TraceEvent]) -> tuple[list[dict], dict[st
     each phase ends with a synchronize). totals["(check)"] says how each was placed.
     """
     events = list(events)
-    host = [e for e in events if not e.on_device]
-    spans = [(e.name, e.start_us, e.end_us) for e in host if e.name in NAMED]
+    spans = [(e.name, e.start_us, e.end_us) for e in events if not e.on_device and e.name in NAMED]
     phases, regions = _ranges(spans, PHASES), _ranges(spans, ATTENTION_REGIONS)
-    launches: dict[tuple[int, int], float] = {}
-    op_starts: dict[int, float] = {}
-    for e in host:
-        if e.linked or RUNTIME_CALL.match(e.name):
-            launches.setdefault((e.corr, e.linked), e.start_us)
-        elif not e.annotation:
-            op_starts.setdefault(e.corr, e.start_us)
-    kernels, repeats = unique_kernels(events)
-    work, placed = [], Counter()
-    for k in kernels:
-        t = launches.get((k.corr, k.linked)) if k.corr else None
-        how = "launch_by_runtime_call"
-        if t is None and k.linked in op_starts:
-            t, how = op_starts[k.linked], "launch_by_op"
-        if t is None:
-            t, how = k.start_us, "placed_by_gpu_time"
-        placed[how] += 1
-        work.append((t, k.name, k.end_us - k.start_us))
+    launched, placed, repeats = launched_kernels(events)
+    kernels = [k for _, k in launched]
+    work = [(t, k.name, k.end_us - k.start_us) for t, k in launched]
     rows, totals = aggregate(work, phases, regions)
     unique_ms = sum(d for *_, d in work) / 1e3
     attributed_ms = sum(t["kernel_ms"] for t in totals.values())

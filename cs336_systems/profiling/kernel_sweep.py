@@ -6,6 +6,15 @@ Writes one summary row per cell to results/profiling/kernel_cells/ (OOM cells as
 per-phase kernel table to results/profiling/kernels/. Both carry the cell's `cell_run` id, so a
 reader can take the kernel rows of the newest run of a cell only. `--redo-stale` measures only the
 cells whose newest row was counted by an older attribution (kernel_attribution.ATTRIBUTION).
+
+`--longest-fit small,2.7B` answers the 2026 edition's version (two sizes, three power-of-two
+contexts above 128, the largest the longest that fits): for each size it first probes the longest
+power-of-two context at which the step fits, from --probe-start (256) doubling until the first
+out-of-memory (context_probe.py; rows in results/profiling/context_probe/, the OOM one included),
+then profiles that context and the two powers of two below it, into results/profiling/
+longest_fit_cells/ and longest_fit_kernels/ (the 2025 grid's files keep their 4 x 5 cells). One
+model per size, built at --probe-limit, serves the probe and the profiles, so both see the same
+resident memory.
 """
 
 from __future__ import annotations
@@ -19,6 +28,9 @@ from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
 from .budget import ModelCache, add_common, check_device, check_fit, open_store, run_budgeted
+from .context_probe import BENCH as PROBE_BENCH
+from .context_probe import KEY as PROBE_KEY
+from .context_probe import probe_longest_context, step_at
 from .kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
 from .nvtx import ATTENTION_REGIONS, PHASES
 from .steps import DTYPES, MODES
@@ -29,6 +41,8 @@ SIZES = [*PRESETS, *PRESETS_EXTRA]
 KERNEL_KEY = [*CELL_KEY, "phase", "region", "kernel"]
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 CPU_ATTRIBUTION = "cpu-self-time"  # CPU runs: each op's self CPU time stands in for kernels
+# --longest-fit's profiles (the 2026 nsys_profile cells), beside the 2025 grid's files
+LONGEST_CELLS, LONGEST_KERNELS = "profiling/longest_fit_cells", "profiling/longest_fit_kernels"
 
 
 def summarize(rows: list[dict], totals: dict[str, dict]) -> dict:
@@ -92,29 +106,73 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     p.add_argument("--cells", type=parse_cells, default=None,
                    help="SIZE:CONTEXT,... in this order, instead of --sizes x --contexts")
+    p.add_argument("--longest-fit", type=csv_of(choices=SIZES), default=None, metavar="SIZES",
+                   help="probe each size's longest power-of-two context that fits, then profile it and "
+                        "the two below it (instead of --sizes x --contexts)")
+    p.add_argument("--probe-start", type=at_least(1), default=256,
+                   help="--longest-fit: the first context tried (the handout asks contexts above 128)")
+    p.add_argument("--probe-limit", type=at_least(1), default=16384,
+                   help="--longest-fit: the longest context tried (the model's RoPE table and mask are "
+                        "built this long)")
     p.add_argument("--redo-stale", action="store_true",
                    help="measure only the cells whose newest row predates the current attribution")
     p.add_argument("--warmup", type=at_least(0), default=2)
     add_common(p)
     args = p.parse_args(argv)
     check_device(p, args)
-    if args.cells is not None and (given(p, "sizes") or given(p, "contexts")):
-        p.error("--cells replaces --sizes x --contexts; give one or the other")
+    if args.longest_fit is not None and args.cells is not None:
+        p.error("--longest-fit chooses the cells itself; leave out --cells")
+    if args.longest_fit is not None and args.probe_limit < args.probe_start:
+        p.error(f"--probe-limit {args.probe_limit} is below --probe-start {args.probe_start}")
+    if args.longest_fit is not None and not args.longest_fit:
+        p.error("--longest-fit: expected at least one size")
+    if (args.cells is not None or args.longest_fit is not None) and (given(p, "sizes") or given(p, "contexts")):
+        p.error(f"{'--cells' if args.cells is not None else '--longest-fit'} replaces --sizes x --contexts; "
+                "give one or the other")
+    if args.longest_fit is None and (given(p, "probe_start") or given(p, "probe_limit")):
+        p.error("--probe-start and --probe-limit are for --longest-fit")
     pairs = args.cells if args.cells is not None else [(s, c) for s in args.sizes for c in args.contexts]
     if not pairs:
         p.error("--cells: expected at least one SIZE:CONTEXT")
     if len(set(pairs)) < len(pairs):
         p.error("argument --cells: a cell given twice")
+    longest = args.longest_fit is not None
+    if not longest:  # --longest-fit finds what fits by running it (its OOM is the probe's answer)
+        check_fit(p, args, [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4}
+                            for s, c in pairs],
+                  lambda c: f"--sizes/--cells {c['size']} --contexts {c['context']} --mode {c['mode']} "
+                            f"--dtype {c['dtype']}")
+    cells_store = open_store(p, LONGEST_CELLS if longest else "profiling/kernel_cells", CELL_KEY, args)
+    kernel_store = open_store(p, LONGEST_KERNELS if longest else "profiling/kernels", KERNEL_KEY, args)
+    models = ModelCache(args.device)
+    max_ctx: dict[str, int] = {}
+    if args.longest_fit is not None:
+        probe_store = open_store(p, PROBE_BENCH, PROBE_KEY, args)
+        pairs = []
+        for size in args.longest_fit:
+            probe = probe_longest_context(
+                probe_store, {"size": size, "mode": args.mode, "dtype": args.dtype, "batch": 4},
+                lambda ctx, size=size: step_at(models.get(size, args.probe_limit), context=ctx, mode=args.mode,
+                                               dtype=args.dtype, batch=4, device=args.device),
+                start=args.probe_start, limit=args.probe_limit)
+            contexts = probe.profile_contexts(args.probe_start)
+            oom = f", {probe.first_oom} does not" if probe.first_oom else f" (every context up to the limit {args.probe_limit} fits)"
+            print(f"[kernels] {size}: the longest context that fits is {probe.longest}{oom}; "
+                  f"profiling {contexts}", file=sys.stderr)
+            if len(contexts) < 3:
+                print(f"[kernels] {size}: fewer than three contexts from {args.probe_start} fit", file=sys.stderr)
+            pairs += [(size, c) for c in contexts]
+            max_ctx[size] = args.probe_limit
+        if not pairs:
+            print("[kernels] no size fits even at --probe-start; nothing to profile", file=sys.stderr)
+            return 1
     cells = [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4} for s, c in pairs]
-    check_fit(p, args, cells, lambda c: f"--cells {c['size']}:{c['context']} --mode {c['mode']} --dtype {c['dtype']}")
-    cells_store = open_store(p, "profiling/kernel_cells", CELL_KEY, args)
-    kernel_store = open_store(p, "profiling/kernels", KERNEL_KEY, args)
     if args.redo_stale:  # only the cells whose newest row an older attribution counted
         current = (ATTRIBUTION, CPU_ATTRIBUTION)
         cells = [c for c in cells if (row := cells_store.newest(c)) is not None and row.get("status") == "ok"
                  and row.get("attribution") not in current]
-    models = ModelCache(args.device)
-    max_ctx = {s: max(c for s2, c in pairs if s2 == s) for s, _ in pairs}
+    for s, _ in pairs:  # one model per size; shorter batches use its prefix
+        max_ctx.setdefault(s, max(c for s2, c in pairs if s2 == s))
 
     def run(cell):
         model = models.get(cell["size"], max_ctx[cell["size"]])  # one model per size; shorter batches use its prefix

@@ -121,6 +121,37 @@ def transformer_activation_bytes(cfg: ModelConfig, batch: int, context: int | No
 # --8<-- [end:activations]
 
 
+# --8<-- [start:sublayer_bytes]
+def block_sublayer_bytes(cfg: ModelConfig, batch: int, context: int | None = None,
+                         dtype_bytes: int = 4) -> dict[str, int]:
+    """transformer_activation_bytes' per-layer count split by residual branch, for checkpointing
+    inside a block (each branch's norm counted with it; the norm saves the branch's input):
+
+      attn  ln1 (3bsd + bs), q, k, v (3bsd), RoPE's cos/sin (2 s d_head), softmax output (b h s s),
+            the output projection's input (bsd), and the ~mask (s s bools)
+      ffn   ln2 (3bsd + bs), SwiGLU's four (b, s, d_ff) tensors (4bsf)
+    """
+    b, s = batch, context or cfg.context_length
+    d, f, h = cfg.d_model, cfg.d_ff, cfg.num_heads
+    attn = dtype_bytes * (7 * b * s * d + b * s + 2 * s * cfg.d_head + b * h * s * s) + s * s
+    ffn = dtype_bytes * (3 * b * s * d + b * s + 4 * b * s * f)
+    return {"attn": attn, "ffn": ffn}
+
+
+def branch_backward_bytes(cfg: ModelConfig, batch: int, context: int | None = None,
+                          dtype_bytes: int = 4) -> dict[str, int]:
+    """What each branch's backward holds beyond its residuals while it runs, by the same count:
+    the residual stream's gradient in and out (2 bsd) and the gradients of its largest
+    intermediates: attention's dP and dS (2 b h s s: softmax's backward needs both), the
+    feed-forward's three (b, s, d_ff) gradients. An estimate: tests hold it within 20% of the
+    live-tensor peak of small models."""
+    b, s = batch, context or cfg.context_length
+    d, f, h = cfg.d_model, cfg.d_ff, cfg.num_heads
+    stream = 2 * b * s * d
+    return {"attn": dtype_bytes * (stream + 2 * b * h * s * s), "ffn": dtype_bytes * (stream + 3 * b * s * f)}
+# --8<-- [end:sublayer_bytes]
+
+
 def transformer_memory(cfg: ModelConfig, batch_per_rank: int, world_size: int, stage: str = "ddp",
                        precision: Precision = FP32_ADAMW, context: int | None = None) -> MemoryBreakdown:
     """Per-rank memory of training `cfg` (AdamW) with `batch_per_rank` sequences per rank."""

@@ -7,6 +7,8 @@
                            elementwise work is not counted): 4.745e15 at the leaderboard's batch 2
                            x context 32,768
     mfu(flops, s, n, peak) model FLOPs utilisation: flops / (step seconds x GPUs x peak FLOP/s)
+    recompute_flops_per_token(cfg, mode, S, compiled)   what one block recomputes in its
+                           backward under a checkpoint mode (checkpoint_plan.py), per token
 
 The FLOP count is the usual one (Kaplan et al. 2020; PaLM's appendix B), "model FLOPs": what the
 model needs, not what an implementation runs (a recomputed forward under activation checkpointing
@@ -70,3 +72,28 @@ def mfu(flops: float, step_s: float, n_gpus: int, peak_flops: float = H200_BF16_
     if step_s <= 0 or n_gpus < 1 or peak_flops <= 0:
         raise ValueError(f"need step_s > 0, n_gpus >= 1, peak_flops > 0; got {step_s}, {n_gpus}, {peak_flops}")
     return flops / (step_s * n_gpus * peak_flops)
+
+
+def recompute_flops_per_token(cfg: ModelConfig, mode: str, context: int, compiled: bool = True) -> int:
+    """Matmul and attention FLOPs one block recomputes in its backward, per token, under a
+    checkpoint mode (the elementwise work it recomputes is not counted). The backward needs the
+    inputs of q, k, v, out, W1, W3 and W2 and the attention's O and L; a compiled backward
+    recomputes only what those need, so W2's own product is never recomputed (no formula reads
+    W2's output); eager, the recompute replays the forward through W2 (the last op that saves a
+    tensor), so its 2 d f counts too.
+
+        none        0
+        full        q, k, v, out 8 d^2, W1 and W3 4 d f, the causal attention forward 2 S d
+        selective   the same without the attention, less each kept matmul group: qkv 6 d^2,
+                    out 2 d^2, w13 4 d f
+    """
+    from .checkpoint_plan import block_mode, saved_groups
+
+    mode = block_mode(mode)
+    if mode == "none":
+        return 0
+    d, f = cfg.d_model, cfg.d_ff
+    w2 = 0 if compiled else 2 * d * f
+    kept = {"qkv": 6 * d * d, "out": 2 * d * d, "w13": 4 * d * f}
+    matmuls = 8 * d * d + 4 * d * f - sum(kept[g] for g in saved_groups(mode)) + w2
+    return matmuls + (2 * context * d if mode == "full" else 0)

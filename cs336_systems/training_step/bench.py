@@ -3,6 +3,10 @@ at batch 2 x context 32,768 in bf16, timed by triton.testing.do_bench. Ours agai
 
     just bench training-step                                   # 8B, every GPU, stock then ours
     just bench training-step --variant ours --keep-blocks 4    # ours alone, last 4 blocks kept
+    just bench training-step --checkpoint selective,none:10 full:30,none:4   # two plans, each variant
+    just bench training-step --checkpoint stock=selective,none:10 ours=full   # a plan for each
+    just bench training-step --sweep 3                         # 3 plans chosen for this GPU's memory
+    just bench training-step --profile                         # one step under torch.profiler, by category
     just bench training-step --variant plain --allow-oom       # the plain model: an OOM row
     just bench training-step --size tiny --device cpu --dtype fp32 --variant plain stock ours
     torchrun --nproc-per-node 2 -m cs336_systems.bench training-step      # or --world-size 2
@@ -12,6 +16,15 @@ checkpoint, fused torch AdamW, per-block checkpointing and compile, FSDP2), ours
 FlashAttention, fused LM head + cross-entropy, FusedAdamW, per-block checkpointing and compile,
 --shard). Several run one after another in one process group (memory freed between), so their
 ratios come from one run on the same machines. The global batch (--batch) is split over the ranks.
+
+Checkpointing (stock and ours): --checkpoint takes one or more plans, each variant runs each, or
+only its own ones given as VARIANT=PLAN (checkpoint_plan.py: per block none, selective or full, as MODE:COUNT segments from the first
+block: full:22,selective:8,none:4; selective keeps the attention's outputs, selective+qkv+out+w13
+matmul outputs too); --keep-blocks k is the plan full,none:k; --sweep N runs N plans chosen for the
+memory (plan_search.py), saying which it skipped as predicted not to fit. Every row records its
+plan (flags.checkpoint). --profile runs one step under torch.profiler instead of timing it and
+writes its kernel time by category (step_profile.py, breakdown.py) to
+results/training-step-profile/<device>.jsonl.
 
 Before any process starts, the memory arithmetic (memory_budget.py) refuses a variant that cannot
 fit (the plain model's (h, S, S) attention scores at 32k: terabytes); --allow-oom runs it anyway
@@ -65,11 +78,14 @@ from cs336_systems.distributed.launch import RankFailed, Worker, in_torchrun, ru
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
+from . import step_profile
+from .checkpoint_plan import BadPlan, parse_plan
 from .memory_budget import GIB, budget
+from .plan_search import sweep_plans
 from .rows import BENCH, CACHE_VARIABLES, DTYPES, KEY, REP_MS, WARMUP_MS, Plan, config_of, row_extras, row_metrics
 from .sharding import SHARDS
 from .train_step import StepOptions
-from .variants import VARIANTS, Recipe, recipe_of
+from .variants import VARIANTS, Recipe, recipe_of, with_plan
 
 
 def _say(worker: Worker, message: str) -> None:
@@ -89,13 +105,20 @@ def _gib(device: torch.device, what: str) -> float | None:
     return getattr(torch.cuda, what)(device) / GIB if device.type == "cuda" else None
 
 
+def _label(recipe: Recipe) -> str:
+    return recipe.variant if recipe.variant == "plain" else f"{recipe.variant} [{recipe.checkpoint}]"
+
+
 def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
-    """Build the variant, run its first step, time it: this rank's numbers."""
+    """Build the variant, run its first step, time it (or, --profile, profile one step): this
+    rank's numbers."""
     from .timing import time_train_step
     from .variants import build, sdpa_backend
 
     dev, started = worker.device, time.time()
-    _say(worker, f"{recipe.variant}: building ({plan.size}, {plan.dtype_name}, batch {plan.batch}, "
+    if dev.type == "cuda" and recipe.expandable_segments:  # every recipe of a run has the same setting
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    _say(worker, f"{_label(recipe)}: building ({plan.size}, {plan.dtype_name}, batch {plan.batch}, "
                  f"context {plan.cfg.context_length}, {worker.world_size} rank(s))")
     step = build(recipe, plan.options, plan.cfg, worker, plan.batch)
     sdpa = (sdpa_backend(plan.cfg, plan.batch // worker.world_size, DTYPES[plan.dtype_name], dev)
@@ -104,7 +127,7 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     after_build = _gib(dev, "memory_allocated")
     if dev.type == "cuda":  # the fp32 initialisation's transient is not the step's
         torch.cuda.reset_peak_memory_stats(dev)
-    _say(worker, f"{recipe.variant}: first step" + (" (compiling)" if recipe.compile else ""))
+    _say(worker, f"{_label(recipe)}: first step" + (" (compiling)" if recipe.compile else ""))
     t = time.perf_counter()
     step()
     synchronize(dev)
@@ -114,7 +137,14 @@ def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
     first_peak = _gib(dev, "max_memory_allocated")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    _say(worker, f"{recipe.variant}: first step {first_step_s:.2f} s; timing (warmup {plan.warmup_ms:g} ms, "
+    if plan.profile:
+        _say(worker, f"{_label(recipe)}: first step {first_step_s:.2f} s; profiling one step")
+        trace = (os.path.join(plan.trace_dir, f"{recipe.variant}-{recipe.checkpoint}-rank{worker.rank}.json")
+                 if plan.trace_dir else None)
+        return {"breakdown": step_profile.profile_breakdown(step, dev, trace), "sdpa_backend": sdpa,
+                "first_step_s": first_step_s, "loss_first_step": loss_first,
+                "peak_allocated_gib": _gib(dev, "max_memory_allocated"), "first_step_peak_gib": first_peak}
+    _say(worker, f"{_label(recipe)}: first step {first_step_s:.2f} s; timing (warmup {plan.warmup_ms:g} ms, "
                  f"rep {plan.rep_ms:g} ms)")
     timing = time_train_step(step, worker, warmup_ms=plan.warmup_ms, rep_ms=plan.rep_ms,
                              first_step_s=first_step_s)
@@ -141,9 +171,24 @@ def _attempt(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
         free_memory()
 
 
+def _write_profile(store: ResultStore, worker: Worker, plan: Plan, recipe: Recipe, got: list[dict]) -> None:
+    """One row per category of rank 0's profiled step (every rank ran one; rank 0's is recorded)."""
+    config, extras = config_of(plan, recipe, worker.world_size), row_extras(plan, recipe, worker.world_size)
+    mine = got[0]["metrics"]
+    shared = {k: mine[k] for k in ("sdpa_backend", "first_step_s", "loss_first_step", "peak_allocated_gib",
+                                   "first_step_peak_gib")}
+    for row in mine["breakdown"]:
+        store.append({**config, "category": row["category"]}, {**row, **shared, **extras, "profiled_rank": 0})
+    total = {r["category"]: r for r in mine["breakdown"]}
+    wall = next(iter(total.values()))["step_wall_ms"]
+    parts = ", ".join(f"{c} {r['ms']:.0f}" for c, r in total.items() if r["ms"] >= 0.05 * wall or c == "idle")
+    _say(worker, f"{_label(recipe)}: profiled step {wall:.1f} ms: {parts} (ms)")
+
+
 def run_variants(worker: Worker, plan: Plan) -> list[str]:
     """Every variant in turn on this rank; rank 0 writes each row as it finishes. Returns the statuses."""
-    store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir) if worker.rank == 0 else None
+    bench, key = (step_profile.BENCH, step_profile.KEY) if plan.profile else (BENCH, KEY)
+    store = ResultStore(bench, key, device=plan.device_slug, root=plan.results_dir) if worker.rank == 0 else None
     statuses = []
     for recipe in plan.recipes:
         if worker.world_size > 1:
@@ -157,14 +202,19 @@ def run_variants(worker: Worker, plan: Plan) -> list[str]:
         config, extras = config_of(plan, recipe, worker.world_size), row_extras(plan, recipe, worker.world_size)
         if failed:
             rank, g = failed[0]
+            if plan.profile:
+                config = {**config, "category": None}
             store.append(config, extras, status=status, error=f"rank {rank}: {g['error']}")
-            _say(worker, f"{recipe.variant}: {status}: rank {rank}: {g['error']}")
+            _say(worker, f"{_label(recipe)}: {status}: rank {rank}: {g['error']}")
+            continue
+        if plan.profile:
+            _write_profile(store, worker, plan, recipe, got)
             continue
         metrics = row_metrics(plan, recipe, worker.world_size, [g["metrics"] for g in got], worker.device)
         r = store.append(config, {**metrics, **extras})
         mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] else ""
         peak = f", peak {r['peak_allocated_gib']:.1f} GiB/GPU" if r["peak_allocated_gib"] else ""
-        _say(worker, f"{recipe.variant}: {r['step_ms']:.1f} ms/step (median of {r['n_timed']}){mfu}{peak}; "
+        _say(worker, f"{_label(recipe)}: {r['step_ms']:.1f} ms/step (median of {r['n_timed']}){mfu}{peak}; "
                      f"loss {r['loss_first_step']:.4f} -> {r['loss_last']:.4f}")
     return statuses
 
@@ -212,11 +262,15 @@ def run_environment(cold_cache: bool, interpret: bool):
 def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
     """After ranks died (a rank killed, a collective timed out): an error row for each variant that
     has none from this run."""
-    store = ResultStore(BENCH, KEY, device=plan.device_slug, root=plan.results_dir)
-    done = {r["variant"] for r in store.rows() if r.get("run_id") == plan.run_id}
+    bench, key = (step_profile.BENCH, step_profile.KEY) if plan.profile else (BENCH, KEY)
+    store = ResultStore(bench, key, device=plan.device_slug, root=plan.results_dir)
+    done = {(r["variant"], r["flags"].get("checkpoint")) for r in store.rows() if r.get("run_id") == plan.run_id}
     for recipe in plan.recipes:
-        if recipe.variant not in done:
-            store.append(config_of(plan, recipe, world), row_extras(plan, recipe, world), status="error", error=why)
+        if (recipe.variant, recipe.checkpoint) not in done:
+            config = config_of(plan, recipe, world)
+            if plan.profile:
+                config = {**config, "category": None}
+            store.append(config, row_extras(plan, recipe, world), status="error", error=why)
 
 
 def build_parser() -> Parser:
@@ -233,8 +287,28 @@ def build_parser() -> Parser:
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="parameters, gradients, AdamW moments, activations (default bf16 on cuda; fp32 on "
                         "the CPU, where the Triton interpreter has no bf16)")
-    p.add_argument("--keep-blocks", type=at_least(0), default=0,
-                   help="stock and ours: the last k blocks run without activation checkpointing (default 0)")
+    p.add_argument("--checkpoint", nargs="+", default=None, metavar="PLAN",
+                   help="stock and ours: checkpoint plans, each variant runs each (one row per plan): per "
+                        "block none, selective or full as MODE:COUNT segments from the first block, e.g. "
+                        "full:22,selective:8,none:4; one segment may leave out its count and take the rest "
+                        "(selective,none:10); selective keeps the attention's outputs, selective+qkv+out+w13 "
+                        "those matmuls' outputs too; VARIANT=PLAN (ours=full) is for that variant only "
+                        "(default: --keep-blocks')")
+    p.add_argument("--keep-blocks", type=at_least(0), default=None,
+                   help="stock and ours: the last k blocks kept, the others fully checkpointed: the plan "
+                        "full,none:k (default 0: every block full)")
+    p.add_argument("--sweep", type=at_least(1), default=None, metavar="N",
+                   help="stock and ours: run N checkpoint plans chosen for the memory (--memory-per-rank-gib or "
+                        "the GPU's) by the memory arithmetic, around the predicted best; plans predicted not to "
+                        "fit are skipped with a line")
+    p.add_argument("--profile", action="store_true",
+                   help="one step under torch.profiler instead of do_bench's timing: its kernel time by category "
+                        "(matmul, attention, recompute, elementwise, loss, optimizer, idle), rows in "
+                        "results/training-step-profile")
+    p.add_argument("--trace-dir", default=None,
+                   help="with --profile: write each profiled step's Chrome trace into this directory")
+    p.add_argument("--expandable-segments", action="store_true",
+                   help="the CUDA caching allocator's expandable segments (less fragmentation; in the flags)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="stock and ours: torch.compile each block (default: on with cuda, off on the CPU)")
     p.add_argument("--shard", choices=SHARDS, default=None,
@@ -266,6 +340,27 @@ def _capacity_bytes(device: str, world_local: int) -> tuple[float, str]:
     return ram / world_local, f"this host's RAM / {world_local} rank(s)"
 
 
+def _sweep(parser: Parser, base: Recipe, cfg, options: StepOptions, world: int, batch_per_rank: int,
+           capacity: float, where: str, n: int) -> list[Recipe]:
+    """The recipes of the plans --sweep tries for `base`'s variant (plan_search.py), with a line for
+    each chosen plan and each skipped one; none predicted to fit is a CLI error."""
+    def layout_of(p):
+        return with_plan(base, p.text).layout(options.dtype)
+
+    chosen, skipped = sweep_plans(cfg, layout_of, world, batch_per_rank, cfg.context_length, capacity, n)
+    if not chosen:
+        parser.error(f"--sweep: no plan of {base.variant} is predicted to fit {capacity / GIB:.1f} GiB ({where}): "
+                     f"even {skipped[0].plan.text} needs {skipped[0].budget.estimate / GIB:.1f} GiB")
+    for c in skipped:
+        print(f"[{BENCH}] {base.variant}: sweep skips {c.plan.kept_blocks} kept block(s): even "
+              f"{c.plan.text} is predicted to need {c.budget.estimate / GIB:.1f} GiB, more than "
+              f"{capacity / GIB:.1f} GiB ({where})", file=sys.stderr)
+    for i, c in enumerate(chosen):
+        print(f"[{BENCH}] {base.variant}: sweep plan {i + 1}/{len(chosen)}: {c.plan.text} (predicted "
+              f"{c.budget.estimate / GIB:.1f} GiB, {c.recompute_flops / 1e12:.1f} TFLOP recomputed)", file=sys.stderr)
+    return [with_plan(base, c.plan.text) for c in chosen]
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
     parser = build_parser()
@@ -283,38 +378,75 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch % world:
         parser.error(f"--batch {args.batch} must split evenly over {world} ranks")
     cfg = get_config(args.size, args.context)
-    if args.keep_blocks > cfg.num_layers:
+    chosen = [f for f, v in (("--checkpoint", args.checkpoint), ("--keep-blocks", args.keep_blocks),
+                             ("--sweep", args.sweep)) if v is not None]
+    if len(chosen) > 1:
+        parser.error(f"{chosen[0]} and {chosen[1]}: give one (--keep-blocks k is --checkpoint full,none:k)")
+    if args.keep_blocks is not None and args.keep_blocks > cfg.num_layers:
         parser.error(f"--keep-blocks {args.keep_blocks}: the {args.size} model has {cfg.num_layers} blocks")
+    plans: list[tuple[str | None, str]] = []  # (the variant it is for, None: every one; canonical plan)
+    for text in args.checkpoint or []:
+        variant, sep, plan_text = text.partition("=")
+        if not sep:
+            variant, plan_text = None, text
+        elif variant not in args.variant or variant == "plain":
+            parser.error(f"--checkpoint {text}: {variant!r} is not a --variant of this run that takes a plan "
+                         f"({', '.join(v for v in args.variant if v != 'plain')})")
+        try:
+            plans.append((variant, parse_plan(plan_text, cfg.num_layers).text))
+        except BadPlan as exc:
+            parser.error(f"--checkpoint {text}: {exc} (the {args.size} model has {cfg.num_layers} blocks)")
+    for v in args.variant:
+        if plans and v != "plain" and not any(w in (None, v) for w, _ in plans):
+            parser.error(f"--checkpoint: no plan for {v} (give one for every variant, or plans without VARIANT=)")
+    if args.trace_dir is not None and not args.profile:
+        parser.error("--trace-dir: only with --profile (it holds the profiled steps' traces)")
     dtype_name = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.device == "cpu" and dtype_name == "bf16" and "ours" in args.variant:
         parser.error("--dtype bf16: ours runs its Triton kernels under the interpreter on the CPU, which "
                      "has no bf16; use --dtype fp32")
-    options = StepOptions(dtype=DTYPES[dtype_name], keep_blocks=args.keep_blocks,
+    options = StepOptions(dtype=DTYPES[dtype_name], keep_blocks=args.keep_blocks or 0,
                           compile=args.compile if args.compile is not None else args.device == "cuda",
-                          shard=args.shard, loss_chunk=args.loss_chunk, seed=args.seed)
+                          shard=args.shard, loss_chunk=args.loss_chunk, seed=args.seed,
+                          expandable_segments=args.expandable_segments)
     if options.compile and args.shard == "fsdp" and "ours" in args.variant:
         parser.error("--shard fsdp: our FSDP's per-layer hooks make torch.compile recompile every block "
                      "until its limit (then it runs eagerly); add --no-compile (compiling is the default on cuda)")
-    recipes = tuple(recipe_of(v, options, cfg, world, args.device) for v in dict.fromkeys(args.variant))
     if args.memory_per_rank_gib is not None:
         capacity, where = args.memory_per_rank_gib * GIB, "--memory-per-rank-gib"
     else:
         capacity, where = _capacity_bytes(args.device, local)
+    recipes: list[Recipe] = []
+    for base in (recipe_of(v, options, cfg, world, args.device) for v in dict.fromkeys(args.variant)):
+        if base.variant == "plain":  # the model as written: no plan to choose
+            recipes.append(base)
+        elif plans:
+            mine = [text for v, text in plans if v in (None, base.variant)]
+            recipes.extend(with_plan(base, text) for text in dict.fromkeys(mine))
+        elif args.sweep is not None:
+            recipes.extend(_sweep(parser, base, cfg, options, world, args.batch // world, capacity, where, args.sweep))
+        else:
+            recipes.append(base)
     for recipe in recipes:
         need = budget(cfg, recipe.layout(options.dtype), world, args.batch // world, cfg.context_length)
         if need.lower_bound > capacity and not args.allow_oom:
-            parser.error(f"--variant {recipe.variant} cannot fit: it needs {need.explain()}, more than "
+            what = f"--variant {recipe.variant}" + (f" with --checkpoint {recipe.checkpoint}" if plans else "")
+            parser.error(f"{what} cannot fit: it needs {need.explain()}, more than "
                          f"{capacity / GIB:.1f} GiB ({where}); --allow-oom runs it anyway")
     slug = "cpu" if args.device == "cpu" else device_slug("cuda")
-    open_store(parser, BENCH, KEY, device=slug, root=args.results_dir)
+    if args.profile:
+        open_store(parser, step_profile.BENCH, step_profile.KEY, device=slug, root=args.results_dir)
+    else:
+        open_store(parser, BENCH, KEY, device=slug, root=args.results_dir)
     # Ours on the CPU: its Triton kernels run under the interpreter, which a process chooses when it
     # imports triton. A machine without CUDA has no other mode (tests/conftest.py sets the same); on
     # one with CUDA this process keeps its mode and the ranks, spawned, interpret.
     interpret = args.device == "cpu" and any(r.variant == "ours" for r in recipes)
     if interpret and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    plan = Plan(args.size, cfg, dtype_name, args.batch, recipes, options, args.warmup_ms, args.rep_ms,
-                args.cold_cache, args.results_dir, slug, started, uuid.uuid4().hex[:12])
+    plan = Plan(args.size, cfg, dtype_name, args.batch, tuple(recipes), options, args.warmup_ms, args.rep_ms,
+                args.cold_cache, args.results_dir, slug, started, uuid.uuid4().hex[:12],
+                profile=args.profile, trace_dir=args.trace_dir, sweep=args.sweep is not None)
     backend = "nccl" if args.device == "cuda" else "gloo"
     in_process = world == 1 and (not interpret or interpreting())  # read before run_environment sets it
     with run_environment(args.cold_cache, interpret):

@@ -15,7 +15,9 @@ from cs336_systems.bench.store import read_rows, results_path
 from cs336_systems.model import ModelConfig
 
 from . import arithmetic
+from .checkpoint_plan import CheckpointPlan
 from .memory_budget import budget
+from .plan_search import plan_recompute_flops
 from .train_step import StepOptions
 from .variants import Recipe
 
@@ -44,6 +46,9 @@ class Plan:
     device_slug: str
     started: float              # time.time() at main()'s start
     run_id: str
+    profile: bool = False       # one profiled step per recipe instead of do_bench (step_profile.py)
+    trace_dir: str | None = None  # --profile: where each profiled step's Chrome trace goes
+    sweep: bool = False         # the recipes' plans were chosen by --sweep (plan_search.py)
 
 
 
@@ -99,7 +104,12 @@ def config_of(plan: Plan, recipe: Recipe, world: int) -> dict[str, Any]:
 def row_extras(plan: Plan, recipe: Recipe, world: int) -> dict[str, Any]:
     """What every row carries besides its measurements."""
     layout = recipe.layout(DTYPES[plan.dtype_name])
-    estimate = budget(plan.cfg, layout, world, plan.batch // world, plan.cfg.context_length)
+    context = plan.cfg.context_length
+    estimate = budget(plan.cfg, layout, world, plan.batch // world, context)
+    recompute = plan_recompute_flops(plan.cfg, CheckpointPlan(layout.modes(plan.cfg.num_layers)),
+                                     plan.batch // world * context, context, layout.compiled)
     return {"run_id": plan.run_id, "cold_cache": plan.cold_cache, "seed": plan.options.seed,
             "n_params": arithmetic.params(plan.cfg), "memory_estimate_gib": estimate.as_gib(),
-            "cpu_cores": os.cpu_count(), "threads_per_rank": torch.get_num_threads()}
+            "recompute_flops_per_rank": recompute, "sweep": plan.sweep,
+            "cpu_cores": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
+            "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}

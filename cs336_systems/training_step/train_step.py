@@ -11,6 +11,7 @@ losses can be compared, and tests can hold one variant against another.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ import torch
 from torch import nn
 
 from cs336_systems.model import ModelConfig, TransformerLM, use_attention
+
+from .annotate import step_range
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -29,10 +32,12 @@ class StepOptions:
 
     dtype: torch.dtype = torch.bfloat16   # parameters, gradients, AdamW moments, activations
     keep_blocks: int = 0                  # the last k blocks run without activation checkpointing
+    checkpoint: str | None = None         # a checkpoint plan (checkpoint_plan.py); None: keep_blocks'
     compile: bool = False                 # torch.compile each block's forward
     shard: str | None = None              # ours: none, ddp, fsdp2, fsdp; None: fsdp2 on >1 rank
     loss_chunk: int = 4096                # positions per chunk of the chunked / fused loss
     lr: float = 1e-3                      # AdamW, torch's defaults otherwise (betas, eps, wd 0.01)
+    expandable_segments: bool = False     # the CUDA caching allocator's expandable segments
     seed: int = 0
 
 
@@ -51,21 +56,29 @@ class TrainingStep:
     after_backward: Callable[[], None] | None = None  # our FSDP's gradient sync
     last_loss: torch.Tensor | None = field(default=None, repr=False)
     steps_taken: int = 0          # optimizer steps so far: last_loss is the loss before the last one
+    annotate: bool = False        # named ranges around the phases and the loss head (annotate.py)
+
+    def _range(self, name: str):
+        return step_range(name) if self.annotate else contextlib.nullcontext()
 
     def forward_backward(self) -> torch.Tensor:
         """Loss and gradients, no optimizer step. The attention swap covers the backward too: a
         checkpointed block recomputes its forward there."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.loss_module.annotate = self.annotate
         with use_attention(self.attention):
-            loss = self.module(self.tokens, self.targets)
-            loss.backward()
+            with self._range("forward"):
+                loss = self.module(self.tokens, self.targets)
+            with self._range("backward"):
+                loss.backward()
         if self.after_backward is not None:
             self.after_backward()
         return loss.detach()
 
     def __call__(self) -> None:
         self.last_loss = self.forward_backward()
-        self.optimizer.step()
+        with self._range("optimizer"):
+            self.optimizer.step()
         self.steps_taken += 1
 
 

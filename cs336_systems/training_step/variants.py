@@ -7,8 +7,11 @@
     loss        F.cross_entropy         checkpoint, fp32 cross-entropy      (chunks, Triton)
     optimizer   torch.optim.AdamW       torch.optim.AdamW(fused=True) on    FusedAdamW (Triton)
                                         a GPU (CPU: the default)
-    activation  none                    every block but the last k          every block but the last k
-    checkpoints                         (--keep-blocks k)                   (--keep-blocks k)
+    activation  none                    a plan: per block none, selective   the same (--checkpoint;
+    checkpoints                         or full (--checkpoint; default      selective keeps our op's
+                                        every block but the last            O and L)
+                                        --keep-blocks k full); selective
+                                        keeps SDPA's outputs
     compile     no                      each block's forward (--compile)    each block's forward (--compile)
     sharding    DDP on > 1 rank         FSDP2 on > 1 rank                   --shard: none, ddp, fsdp2
                                                                             (default on > 1 rank), fsdp (ours)
@@ -22,7 +25,7 @@ batch; parameters, gradients and AdamW moments in the parameter dtype (bf16 for 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -30,6 +33,7 @@ import torch
 from cs336_systems.distributed.launch import Worker
 from cs336_systems.model import ModelConfig
 
+from .checkpoint_plan import parse_plan, plan_of_keep_blocks
 from .heads import ChunkedLossHead, FusedLossHead
 from .lm_loss import LanguageModelLoss, PlainLoss
 from .memory_budget import Layout
@@ -60,11 +64,13 @@ class Recipe:
     attention: str             # the model's attention (cs336_systems.model.attention names)
     loss: str                  # full-logits, chunked, fused
     optimizer: str             # torch.optim.AdamW, torch.optim.AdamW(fused=True), FusedAdamW
-    checkpointed_blocks: int   # the first blocks, under torch.utils.checkpoint
-    keep_blocks: int           # the last blocks, not checkpointed
+    checkpointed_blocks: int   # blocks under torch.utils.checkpoint (full or selective)
+    keep_blocks: int           # blocks not checkpointed
     compile: bool              # torch.compile each block's forward
     shard: str                 # none, ddp, fsdp2, fsdp
     loss_chunk: int | None     # positions per chunk of the chunked / fused loss
+    checkpoint: str = ""       # the checkpoint plan, canonical (checkpoint_plan.py): full:30,none:4
+    expandable_segments: bool = False  # the CUDA caching allocator's expandable segments
 
     def flags(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "variant"}
@@ -74,7 +80,10 @@ class Recipe:
         return Layout(attention="naive" if self.attention == "naive" else "fused", loss=self.loss,
                       checkpointed_blocks=self.checkpointed_blocks, shard=self.shard,
                       param_bytes=torch.tensor([], dtype=dtype).element_size(),
-                      loss_chunk=self.loss_chunk or 4096)
+                      loss_chunk=self.loss_chunk or 4096, plan=self.plan_modes(), compiled=self.compile)
+
+    def plan_modes(self) -> tuple[str, ...]:
+        return parse_plan(self.checkpoint, self.checkpointed_blocks + self.keep_blocks).modes
 
 
 def recipe_of(variant: str, options: StepOptions, cfg: ModelConfig, world_size: int,
@@ -84,11 +93,13 @@ def recipe_of(variant: str, options: StepOptions, cfg: ModelConfig, world_size: 
     L = cfg.num_layers
     if not 0 <= options.keep_blocks <= L:
         raise ValueError(f"keep_blocks must be in [0, {L}], got {options.keep_blocks}")
+    plan = (parse_plan(options.checkpoint, L) if options.checkpoint is not None
+            else plan_of_keep_blocks(L, options.keep_blocks))  # BadPlan (a ValueError) says why not
     replicated = "ddp" if world_size > 1 else "none"
     sharded = "fsdp2" if world_size > 1 else "none"
     if variant == "plain":  # the model as written: nothing on
         return Recipe(variant, ATTENTION[variant], LOSS[variant], "torch.optim.AdamW", 0, L, False,
-                      replicated, None)
+                      replicated, None, plan_of_keep_blocks(L, L).text, options.expandable_segments)
     how = sharded if variant == "stock" or options.shard is None else options.shard
     if how not in SHARDS:
         raise ValueError(f"shard must be one of {', '.join(SHARDS)}, got {how!r}")
@@ -98,16 +109,18 @@ def recipe_of(variant: str, options: StepOptions, cfg: ModelConfig, world_size: 
                          "the layer's index and name) until its recompile limit, then runs the block eagerly")
     optimizer = ("FusedAdamW" if variant == "ours" else
                  "torch.optim.AdamW(fused=True)" if device_type == "cuda" else "torch.optim.AdamW")
-    return Recipe(variant, ATTENTION[variant], LOSS[variant], optimizer, L - options.keep_blocks,
-                  options.keep_blocks, options.compile, how, options.loss_chunk)
+    return Recipe(variant, ATTENTION[variant], LOSS[variant], optimizer, plan.checkpointed_blocks,
+                  plan.kept_blocks, options.compile, how, options.loss_chunk, plan.text,
+                  options.expandable_segments)
 
 
-def compile_blocks(lm: torch.nn.Module) -> None:
-    """torch.compile each block's forward (not its __call__: the hooks of FSDP2 and of our FSDP
-    stay outside the compiled code). The blocks share one code object, so one compilation serves
-    all of them (dynamo treats the parameters as inputs)."""
-    for block in lm.layers:
-        block.forward = torch.compile(block.forward)
+def with_plan(recipe: Recipe, text: str) -> Recipe:
+    """`recipe` (stock or ours) with the checkpoint plan `text` instead of its own."""
+    if recipe.variant == "plain":
+        raise ValueError("the plain variant has no checkpoint plan (it is the model as written)")
+    plan = parse_plan(text, recipe.checkpointed_blocks + recipe.keep_blocks)
+    return replace(recipe, checkpoint=plan.text, checkpointed_blocks=plan.checkpointed_blocks,
+                   keep_blocks=plan.kept_blocks)
 
 
 def _optimizer(name: str, params: list[torch.Tensor], lr: float):
@@ -131,10 +144,9 @@ def build(recipe: Recipe, options: StepOptions, cfg: ModelConfig, worker: Worker
         module = PlainLoss(lm)
     else:
         head_cls = FusedLossHead if recipe.loss == "fused" else ChunkedLossHead
+        # each block's forward compiled (recipe.compile), its checkpointing inside (selective.py)
         module = LanguageModelLoss(lm, head_cls(lm.lm_head.weight, recipe.loss_chunk),
-                                   recipe.checkpointed_blocks)
-    if recipe.compile:
-        compile_blocks(lm)
+                                   parse_plan(recipe.checkpoint, cfg.num_layers), compile=recipe.compile)
     called, after_backward = shard(module, recipe.shard, worker.device, worker.world_size)
     optimizer = _optimizer(recipe.optimizer, list(called.parameters()), options.lr)
     tokens, targets = rank_batch(cfg, batch, cfg.context_length, worker.rank, worker.world_size,

@@ -8,6 +8,8 @@ as `flash_launch`: 4-D (Z, H, N, d) inputs with a unit last stride, contiguous r
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -28,8 +30,10 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, plan: FwdPlan) 
         from .gluon.fwd_ws import fwd_ws_supported, launch_fwd_ws
 
         g = plan.gluon
-        if fwd_ws_supported(q, k, v, g.block_n) is None:
+        q, k, v = _contiguous_for(lambda *t: fwd_ws_supported(*t, g.block_n), q, k, v)
+        if (why := fwd_ws_supported(q, k, v, g.block_n)) is None:
             return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups)
+        _warn_fallback("forward", why)
     return flash_launch.launch_fwd(q, k, v, is_causal, plan.tiles)
 
 
@@ -38,15 +42,63 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
     """dQ, dK, dV (Z, H, N, d) in the inputs' dtype. L is the forward's fp32 (Z, H, n_q)."""
     _shape(q, k)
     if plan.gluon is not None:
-        from .gluon.onepass_ws import launch_bwd_onepass_ws, ws_supported
-
-        if ws_supported(q, k, v, do, is_causal) is None:
-            g = plan.gluon
-            delta = launch_preprocess(o, do)
-            return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots, g.dq_regs)
+        q, k, v, do = _contiguous_for(lambda *t: gluon_bwd_supported(*t, is_causal), q, k, v, do)
+        if (why := gluon_bwd_supported(q, k, v, do, is_causal)) is None:
+            return launch_gluon_bwd(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.gluon)
+        _warn_fallback("backward", why)
     if plan.one_pass:
         return launch_bwd_onepass(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.tiles)
     return flash_launch.launch_bwd(q, k, v, o, L, do, is_causal, plan.tiles)
+
+
+CONTIGUOUS = "needs contiguous inputs"
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _contiguous_for(supported, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """The tensors, copied to contiguous memory where that alone keeps a Gluon kernel from taking
+    them: a model's (batch, heads, seq, d) views of (batch, seq, heads, d) projections are strided,
+    and a copy of Q, K, V costs a few percent of the attention it lets the faster kernel run."""
+    if supported(*tensors) == CONTIGUOUS and supported(*(t.contiguous() for t in tensors)) is None:
+        return tuple(t.contiguous() for t in tensors)
+    return tensors
+
+
+def _warn_fallback(which: str, why: str) -> None:
+    """Say once per reason that a plan's Gluon kernel does not run here (never silently slower).
+    Machines without a Hopper GPU (the CPU interpreter, other GPUs) run the Triton kernels by
+    design: no warning."""
+    if "Hopper" in why or (which, why) in _WARNED:
+        return
+    _WARNED.add((which, why))
+    warnings.warn(f"FlashAttentionFast: the tuned plan's Gluon {which} does not run here ({why}); running the "
+                  f"Triton kernels instead, which are slower at these shapes. The Gluon kernels are written for "
+                  f"Triton 3.6 on Hopper GPUs.", stacklevel=3)
+
+
+def gluon_bwd_supported(q, k, v, do, is_causal: bool) -> str | None:
+    """Why neither Gluon backward takes these inputs, or None: d = 128 has a kernel of its own
+    (`gluon/flash_bwd128_ws_kernel.py`: its registers do not allow d = 64's dQ warpgroup)."""
+    if q.shape[-1] == 128:
+        from .gluon.bwd128_ws import bwd128_supported
+
+        return bwd128_supported(q, k, v, do, is_causal)
+    from .gluon.onepass_ws import ws_supported
+
+    return ws_supported(q, k, v, do, is_causal)
+
+
+def launch_gluon_bwd(q, k, v, do, L, delta, is_causal: bool, g) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from the Gluon backward for q's head dim, with the plan's Gluon settings `g`
+    (a GluonBwdConfig; d = 128 has no dQ warpgroup, so `g.dq_regs` is unused there). Raises where
+    the kernel does not apply (see `gluon_bwd_supported`)."""
+    if q.shape[-1] == 128:
+        from .gluon.bwd128_ws import launch_bwd128_ws
+
+        return launch_bwd128_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots)
+    from .gluon.onepass_ws import launch_bwd_onepass_ws
+
+    return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots, g.dq_regs)
 
 
 def launch_bwd_onepass(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig, kernel=None

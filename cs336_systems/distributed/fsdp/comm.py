@@ -31,6 +31,12 @@ def label(name: str):
     return record_function(name) if profiling else nullcontext()
 
 
+def gathered_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The (N*S,) output of one weight's all-gather. Its own function so that the CUDA allocator's
+    trace can tell gathered weights from every other allocation (memory_timeline.py)."""
+    return torch.empty(numel, dtype=dtype, device=device)
+
+
 # --8<-- [start:gather]
 class Gather:
     """One all-gather of a weight, in flight until `wait()`."""
@@ -49,7 +55,7 @@ class Gather:
                 send = piece.to(dtype).contiguous()
             else:
                 send = fill_slot(torch.empty(layout.slot, dtype=dtype, device=piece.device), piece)
-            out = torch.empty(layout.padded, dtype=dtype, device=piece.device)  # (N*S,)
+            out = gathered_buffer(layout.padded, dtype, piece.device)  # (N*S,)
             if layout.world_size == 1:
                 out.copy_(send)
                 return cls(None, out, layout, name)

@@ -128,18 +128,24 @@ def _math(O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_
 
 
 @gluon.jit
-def fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, n_q, n_k, qk_scale,
+def fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, n_q, n_k, qk_scale, GROUP,
                   D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   MATH_REGS: gl.constexpr, NW: gl.constexpr):
     BM: gl.constexpr = 64 * NW
     n_tiles_m = gl.num_programs(0)
     n_bh = gl.num_programs(1)
     lin = gl.program_id(0) + gl.program_id(1) * n_tiles_m
-    if CAUSAL:  # longest programs (last query tiles) first
-        tile = n_tiles_m - 1 - lin // n_bh
+    # Programs run in groups of GROUP heads (the launcher picks it: `fwd_ws.heads_per_group`), so
+    # the programs running at once read the K and V of few heads, which then stay in L2; within
+    # a group the longest programs (last query tiles, causal) first. GROUP = n_bh: one group.
+    g0 = lin // (GROUP * n_tiles_m) * GROUP
+    g_size = gl.minimum(GROUP, n_bh - g0)
+    r = lin - g0 * n_tiles_m
+    bh = g0 + r % g_size
+    if CAUSAL:
+        tile = n_tiles_m - 1 - r // g_size
     else:
-        tile = lin // n_bh
-    bh = lin % n_bh
+        tile = r // g_size
     m0 = tile * BM
     if CAUSAL:  # key tiles up to the last query's diagonal; those before the first query's need no mask
         n_tiles = (gl.minimum(m0 + BM, n_k) + BN - 1) // BN

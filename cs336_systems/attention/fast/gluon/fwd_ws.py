@@ -7,6 +7,8 @@ other inputs run the Triton forward.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -15,21 +17,32 @@ ROWS = 64  # query rows per consumer warpgroup
 
 def fwd_ws_supported(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64) -> str | None:
     """Why the Gluon forward cannot take these inputs, or None."""
-    import triton
+    from .requirements import input_problem
 
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
-        return "needs a Hopper GPU (sm_90)"
-    if not triton.__version__.startswith("3.6"):
-        return f"written against Triton 3.6's Gluon API (installed: {triton.__version__})"
-    if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, v)):
-        return "needs bf16 or fp16 inputs of one dtype"
-    if q.shape[-1] not in (64, 128):
-        return "written for head dim 64 or 128"
-    if not all(t.is_contiguous() for t in (q, k, v)):
-        return "needs contiguous inputs"
+    if (why := input_problem((q, k, v), (64, 128))) is not None:
+        return why
     if k.shape[2] % block_n:
         return f"n_k must be a multiple of {block_n}"
     return None
+
+
+L2_BUDGET = 24 << 20  # bytes of one group's re-read tensors: half the H100/H200's 50 MB L2
+FEW_WAVES = 4  # launches of at most this many programs per SM run as one group
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def heads_per_group(n_bh: int, bytes_per_head: int, d: int, n_tiles: int, device: torch.device) -> int:
+    """How many heads' programs the d = 128 kernels run together: as many as keep the tensors every
+    program of a head re-reads (`bytes_per_head`) within L2_BUDGET, at least one. A launch of few
+    waves runs as one group (measured: at 1 x 16 x 4,096 the longest programs of every head first
+    balance the SMs better than L2 saves). At d = 64 all heads (the order its table was tuned in)."""
+    if d != 128 or n_tiles * n_bh <= FEW_WAVES * _sm_count(device):
+        return n_bh
+    return max(1, min(n_bh, L2_BUDGET // max(1, bytes_per_head)))
 
 
 def register_split(warpgroups: int) -> tuple[int, int]:
@@ -42,10 +55,11 @@ def register_split(warpgroups: int) -> tuple[int, int]:
 
 
 def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int = 64, stages: int = 4,
-                  warpgroups: int = 3, kernel=None) -> tuple[Tensor, Tensor]:
+                  warpgroups: int = 3, kernel=None, group: int | None = None) -> tuple[Tensor, Tensor]:
     """O (Z, H, n_q, 64) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp, as `launch_fwd`.
     A program owns 64 * warpgroups queries; block_n keys per tile, stages tiles in flight.
-    `kernel`: launched through Triton's own dispatch instead of directly (to time the difference)."""
+    `kernel`: launched through Triton's own dispatch instead of directly (to time the difference).
+    `group`: heads whose programs run together (default `heads_per_group`: K and V are re-read)."""
     import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -69,7 +83,11 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     maxnreg, math_regs = register_split(warpgroups)
     grid = (triton.cdiv(n_q, ROWS * warpgroups), Z * H)
-    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1])
+    if group is None:
+        group = heads_per_group(Z * H, 2 * n_k * d * q.element_size(), d, grid[0], q.device)
+    if not 1 <= group <= Z * H:
+        raise ValueError(f"launch_fwd_ws: group must be in [1, {Z * H}], got {group}")
+    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1], group)
     constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
                       num_warps=4, maxnreg=maxnreg)
     if kernel is None:

@@ -18,18 +18,10 @@ BLOCK = 64  # query rows per tile, and keys per math warpgroup
 
 def ws_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool, block_n: int = 128) -> str | None:
     """Why the Gluon kernel cannot take these inputs, or None."""
-    import triton
+    from .requirements import input_problem
 
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
-        return "needs a Hopper GPU (sm_90)"
-    if not triton.__version__.startswith("3.6"):
-        return f"written against Triton 3.6's Gluon API (installed: {triton.__version__})"
-    if q.dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != q.dtype for t in (k, v, do)):
-        return "needs bf16 or fp16 inputs of one dtype"
-    if q.shape[-1] != 64:
-        return "written for head dim 64"
-    if not all(t.is_contiguous() for t in (q, k, v, do)):
-        return "needs contiguous inputs"
+    if (why := input_problem((q, k, v, do), (64,))) is not None:
+        return why
     n_q, n_k = q.shape[2], k.shape[2]
     if n_q % BLOCK or n_k % block_n:
         return f"n_q must be a multiple of {BLOCK} and n_k of {block_n}"

@@ -64,9 +64,10 @@ KINDS = ("fwd", "fwd_ws", "dkdv", "dq", "onepass", "ws", "fused")
 
 # (key, Z, N, d, dtype, wide search); the mask is the key's (`key_is_causal`). Z stands for
 # batch x heads (the problem is (Z, 1, N, d)). The leaderboard shape stands for bf16-d64-causal-large.
-def tune_shapes(only: str | None, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> list[tuple[str, int, int, int, str, bool]]:
-    """The (key, Z, N, d, dtype, wide) shapes `only` names, those of `dtypes`."""
-    return [s for s in _all_shapes(only) if s[4] in dtypes]
+def tune_shapes(only: str | None, dtypes: tuple[str, ...] = ("bf16", "fp32"),
+                head_dims: tuple[int, ...] = (16, 32, 64, 128)) -> list[tuple[str, int, int, int, str, bool]]:
+    """The (key, Z, N, d, dtype, wide) shapes `only` names, those of `dtypes` and `head_dims`."""
+    return [s for s in _all_shapes(only) if s[4] in dtypes and s[3] in head_dims]
 
 
 def _all_shapes(only: str | None) -> list[tuple[str, int, int, int, str, bool]]:
@@ -117,8 +118,7 @@ def _fields(kind: str, plan) -> dict:
 def _runner(kind: str, plan, state, causal: bool):
     from ...flash_launch import launch_bwd_fused, launch_dkdv, launch_dq, launch_fwd
     from ..gluon.fwd_ws import launch_fwd_ws
-    from ..gluon.onepass_ws import launch_bwd_onepass_ws
-    from ..launch import launch_bwd_onepass
+    from ..launch import launch_bwd_onepass, launch_gluon_bwd
 
     q, k, v, do, o, L, delta = state
     c, g = plan.tiles, plan.gluon
@@ -133,7 +133,7 @@ def _runner(kind: str, plan, state, causal: bool):
     if kind == "onepass":  # dQ, dK, dV (with the zeroing and the cast of the fp32 dQ buffer)
         return lambda: launch_bwd_onepass(q, k, v, do, L, delta, causal, c)
     if kind == "ws":  # raises where the Gluon kernel does not apply (never falls back to Triton)
-        return lambda: launch_bwd_onepass_ws(q, k, v, do, L, delta, causal, g.stages, g.slots, g.dq_regs)
+        return lambda: launch_gluon_bwd(q, k, v, do, L, delta, causal, g)
     return lambda: launch_bwd_fused(q, k, v, do, L, delta, causal, c)
 
 
@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--only", choices=["leaderboard", "sweep", "grid"], default=None)
     t.add_argument("--dtypes", type=csv_of(choices=list(DTYPES)), default=list(DTYPES),
                    help="tune the keys of these dtypes only (comma-separated)")
+    t.add_argument("--head-dims", type=csv_of(int, choices=[16, 32, 64, 128]), default=[16, 32, 64, 128],
+                   help="tune the keys of these head dims only (comma-separated)")
     t.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     t.add_argument("--write", action="store_true", help="regenerate tuned_configs.py afterwards")
     t.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
@@ -366,9 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.workers < 1:
         ap.error(f"--workers must be at least 1, got {args.workers}")
-    shapes = tune_shapes(args.only, tuple(args.dtypes))
+    shapes = tune_shapes(args.only, tuple(args.dtypes), tuple(args.head_dims))
     if not shapes:
-        ap.error(f"--only {args.only} --dtypes {','.join(args.dtypes)}: no table key to tune "
+        ap.error(f"--only {args.only} --dtypes {','.join(args.dtypes)} --head-dims "
+                 f"{','.join(map(str, args.head_dims))}: no table key to tune "
                  f"(the leaderboard and grid keys are bf16)")
     if not torch.cuda.is_available():
         ap.error("tune needs a CUDA GPU (timings on the interpreter mean nothing)")

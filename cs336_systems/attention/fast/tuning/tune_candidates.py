@@ -53,18 +53,24 @@ def onepass_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int
 
 def fwd_ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
     """(keys per tile, stages, consumer warpgroups) of the Gluon forward, written for 16-bit inputs
-    with d = 64 (`gluon.fwd_ws.fwd_ws_supported`); none elsewhere. Three warpgroups with 128-key tiles spill."""
-    if dtype == torch.float32 or d != 64:
+    with d = 64 or 128 (`gluon.fwd_ws.fwd_ws_supported`); none elsewhere. Three warpgroups with
+    128-key tiles spill; at d = 128 three 128-key stages take 224 KB of shared memory, the most
+    that fits, and three warpgroups get 160 registers each (the accumulator alone takes 64)."""
+    if dtype == torch.float32 or d not in (64, 128):
         return []
+    if d == 128:
+        return [(128, 3, 2), (128, 2, 2), (64, 4, 2), (64, 3, 3)]
     return [(64, 3, 3), (64, 4, 3), (64, 5, 3), (64, 6, 3), (128, 2, 2), (128, 3, 2)]
 
 
 def ws_candidates(dtype: torch.dtype, d: int, wide: bool) -> list[tuple[int, int, int]]:
     """(stages, slots, dQ registers) of the Gluon one-pass backward, written for 16-bit inputs with
-    d = 64 (`gluon.onepass_ws.ws_supported`); none elsewhere. The dQ warpgroup's registers trade against
+    d = 64 (`gluon.onepass_ws.ws_supported`) or 128 (`gluon.bwd128_ws.bwd128_supported`); none elsewhere. The dQ warpgroup's registers trade against
     the math warpgroups' (at 96 and more the math spills a few values; at 64 the dQ warpgroup does)."""
-    if dtype == torch.float32 or d != 64:
+    if dtype == torch.float32 or d not in (64, 128):
         return []
+    if d == 128:  # its own kernel (no dQ warpgroup: the dQ registers are unused); three Q/dO
+        return [(2, 1, 80), (2, 2, 80)]  # stages do not fit beside K, V, P^T and dS^T (213 KB at 2)
     return list(itertools.product((2, 3), (2, 3), (72, 80, 88, 96)))
 # --8<-- [end:candidates]
 

@@ -1,0 +1,155 @@
+"""Versions of the head-dim-128 Gluon backward, timed round-robin beside the table's Triton
+backward and cuDNN's forward+backward at one shape (the 8B step's attention by default).
+
+    just bench flash-ab-bwd128
+    just bench flash-ab-bwd128 --versions full one_wait no_dq --settings 2,1 2,2
+
+A version is the committed kernel's source with one edit (`VERSIONS`): ablations that leave a
+stage out (to see what it costs) and candidate changes. Each is checked against the Triton
+backward (dQ, dK, dV) before it is timed; ablations that leave dQ out are checked on dK, dV only.
+Rows go to results/attention/ab_bwd128/<device>.jsonl.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from cs336_systems.bench.cli import Parser, open_store
+
+from .harness import int_tuples, load_variant, require_gpu, time_round_robin
+
+KERNEL_FILE = Path(__file__).parents[1] / "gluon" / "flash_bwd128_ws_kernel.py"
+VARIANT_PACKAGE = "cs336_systems.attention.fast.gluon"
+BENCH = "attention/ab_bwd128"
+NEVER = "        if row_q < 0:  # ablation: never true, not known at compile time\n"
+
+WAIT_DKDV = ("        dv, dk = hopper.warpgroup_mma_wait(0, deps=[dv, dk])\n"
+             "        mbarrier.arrive(ld_empty.index(s), count=1)  # Q, dO of slot s are read by no MMA of ours any more\n")
+DQ_MMA = ("        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l), "
+          "use_acc=False, is_async=True)\n"
+          "        dq = hopper.warpgroup_mma_wait(0, deps=[dq])\n")
+REDUCE = ("        tma.store_wait(0)  # the previous tile's reduction has read the staging buffer\n"
+          "        gl.thread_barrier()\n"
+          "        red.store(dq * sm_scale)\n"
+          "        fence_async_shared()\n"
+          "        gl.thread_barrier()\n"
+          "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)\n")
+VERSIONS = {
+    "full": "the kernel as committed",
+    "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
+    "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
+    "no_dq": "ablation: no dQ matmul or adds (dQ wrong)",
+}
+
+
+def _guard(block: str) -> str:
+    return NEVER + "".join("    " + line + "\n" for line in block.splitlines())
+
+
+def variant_source(name: str, source: str) -> str:
+    """The kernel file's text for one version (raises if a line it edits is not there once)."""
+    if "+" in name:  # versions applied one after the other
+        for part in name.split("+"):
+            source = variant_source(part, source)
+        return source
+    needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
+             "no_dq": (DQ_MMA, REDUCE)}.get(name, ())
+    for marker in needs:
+        if source.count(marker) != 1:
+            raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
+    if name == "full":
+        return source
+    if name == "one_wait":
+        mma = DQ_MMA.splitlines()[0] + "\n"
+        wait_all = ("        dv, dk, dq = hopper.warpgroup_mma_wait(0, deps=[dv, dk, dq])\n"
+                    "        mbarrier.arrive(ld_empty.index(s), count=1)\n")
+        moved = source.replace(WAIT_DKDV, "").replace(DQ_MMA, mma + wait_all)
+        return moved
+    if name == "no_reduce":
+        return source.replace(REDUCE, _guard(REDUCE))
+    if name == "no_dq":
+        return source.replace(DQ_MMA + source.split(DQ_MMA)[1].split(REDUCE)[0] + REDUCE,
+                              source.split(DQ_MMA)[1].split(REDUCE)[0])
+    raise ValueError(f"ab_bwd128: unknown version {name!r}; choose from {list(VERSIONS)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from cs336_systems.attention.flash_launch import launch_preprocess
+
+    from ..gluon.bwd128_ws import launch_bwd128_ws
+    from ..launch import launch_bwd, launch_fwd
+    from ..table import lookup_bwd, lookup_fwd
+    from ..tuned_configs import TUNED
+
+    ap = Parser(prog="flash-ab-bwd128", description=__doc__.splitlines()[0])
+    ap.add_argument("--versions", nargs="+", default=list(VERSIONS), metavar="VERSION",
+                    help=f"one of {', '.join(VERSIONS)}, or several joined by '+'")
+    ap.add_argument("--settings", nargs="+", default=["2,1", "2,2"], metavar="STAGES,SLOTS")
+    ap.add_argument("--groups", nargs="+", type=int, default=[0], metavar="G",
+                    help="heads whose programs run together (0: the launcher's rule)")
+    ap.add_argument("--shape", default="1,32,32768,1", metavar="BATCH,HEADS,SEQ,CAUSAL")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--results-dir", default=None)
+    args = ap.parse_args(argv)
+    settings = int_tuples(ap, "--settings", args.settings, "STAGES,SLOTS")
+    if bad := [v for v in args.versions if any(p not in VERSIONS for p in v.split("+"))]:
+        ap.error(f"--versions: unknown {bad}; choose from {list(VERSIONS)}, or join them with '+'")
+    (batch, heads, seq, causal), = int_tuples(ap, "--shape", [args.shape], "BATCH,HEADS,SEQ,CAUSAL")
+    causal = bool(causal)
+    require_gpu(ap)
+    if any(not 0 <= g <= batch * heads for g in args.groups):
+        ap.error(f"--groups: each must be in [0, {batch * heads}] (batch x heads), got {args.groups}")
+    store = open_store(ap, BENCH, ["run", "round", "impl", "version", "stages", "slots", "group", "batch", "heads",
+                                   "seq", "causal"], root=args.results_dir)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = [torch.randn(batch, heads, seq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(4)]
+    o, L = launch_fwd(q, k, v, causal, lookup_fwd(TUNED, q.dtype, 128, causal, batch * heads, seq, seq))
+    delta = launch_preprocess(o, do)
+    plan = lookup_bwd(TUNED, q.dtype, 128, causal, batch * heads, seq, seq)
+    triton_bwd = lambda: launch_bwd(q, k, v, o, L, do, causal, plan)  # noqa: E731
+    want = triton_bwd()
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+
+    def cudnn(backward: bool):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        return torch.autograd.grad(out, (qr, kr, vr), do) if backward else out
+
+    none = (("stages", 0), ("slots", 0), ("group", 0))
+    cells = {(("impl", "triton (table)"), ("version", ""), *none): (triton_bwd, 0.0),
+             (("impl", "cudnn fwd+bwd"), ("version", ""), *none): (lambda: cudnn(True), 0.0),
+             (("impl", "cudnn fwd"), ("version", ""), *none): (lambda: cudnn(False), 0.0)}
+    source = KERNEL_FILE.read_text()
+    with tempfile.TemporaryDirectory() as workdir:
+        for version, (stages, slots), group in itertools.product(args.versions, settings, args.groups):
+            path = Path(workdir) / f"bwd128_{version}.py"
+            if not path.exists():
+                path.write_text(variant_source(version, source))
+            kernel = load_variant(f"bwd128_{version}", path, VARIANT_PACKAGE).bwd128_ws_kernel
+            fn = lambda kern=kernel, st=stages, sl=slots, g=group: launch_bwd128_ws(  # noqa: E731
+                q, k, v, do, L, delta, causal, st, sl, kernel=kern, group=g or None)
+            got = fn()  # compiles
+            pairs = list(zip(got, want))[1 if ("no_dq" in version or "no_reduce" in version) else 0:]
+            err = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in pairs)
+            print(f"[ab_bwd128] {version} stages={stages} slots={slots} group={group}: rel err vs Triton {err:.2e}", flush=True)
+            if not err < 3e-2:
+                raise SystemExit(f"[ab_bwd128] {version} {stages},{slots} is wrong (rel err {err:.3g}); not timing it")
+            cells[(("impl", "gluon bwd128"), ("version", version), ("stages", stages), ("slots", slots),
+                   ("group", group))] = (fn, err)
+        time_round_robin(cells, store, args.rounds, args.rep_ms,
+                         {"batch": batch, "heads": heads, "seq": seq, "causal": causal, "d": 128, "dtype": "bf16"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

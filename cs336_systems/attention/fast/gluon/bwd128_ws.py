@@ -1,0 +1,97 @@
+"""Launch the head-dim-128 Gluon backward (`flash_bwd128_ws_kernel`) and say which inputs it takes.
+
+`fast.launch.launch_bwd` runs it where a plan names a `GluonBwdConfig` and the inputs have d = 128
+(`onepass_ws.py` launches the d = 64 kernel); other inputs run the plan's Triton kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+BM = 64  # queries per tile
+BN = 128  # keys per program: two math warpgroups of 64
+
+
+def bwd128_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: bool) -> str | None:
+    """Why the kernel cannot take these inputs, or None."""
+    from .requirements import input_problem
+
+    if (why := input_problem((q, k, v, do), (128,))) is not None:
+        return why
+    n_q, n_k = q.shape[2], k.shape[2]
+    if n_q % BM or n_k % BN:
+        return f"n_q must be a multiple of {BM} and n_k of {BN}"
+    if is_causal and n_q != n_k:
+        return "causal needs n_q == n_k"
+    return None
+
+
+def _descriptors(q, k, v, do, dq):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .onepass_ws import shared_layout
+
+    d = q.shape[-1]
+    qd = shared_layout(BM, d, q.dtype)
+    kv = shared_layout(BN, d, q.dtype)
+    return (TensorDescriptor.from_tensor(q.reshape(-1, d), [BM, d], qd),
+            TensorDescriptor.from_tensor(k.reshape(-1, d), [BN, d], kv),
+            TensorDescriptor.from_tensor(v.reshape(-1, d), [BN, d], kv),
+            TensorDescriptor.from_tensor(do.reshape(-1, d), [BM, d], qd),
+            TensorDescriptor.from_tensor(dq.view(-1, d), [BM, 64], shared_layout(BM, 64, torch.float32)))
+
+
+def _constexprs(d: int, is_causal: bool, stages: int, slots: int) -> dict:
+    from .fwd_ws import register_split
+
+    maxnreg, math_regs = register_split(2)  # two math warpgroups and the loader warp, as the forward
+    return dict(D=d, BM=BM, BN=BN, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, MATH_REGS=math_regs,
+                num_warps=4, maxnreg=maxnreg)
+
+
+def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
+                     kernel=None, group: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV of (Z, H, N, 128) inputs (see `bwd128_supported`); L, delta (Z, H, n_q) fp32.
+    `kernel` replaces the committed kernel (for ablations); `group`: heads whose programs run
+    together (default `fwd_ws.heads_per_group` of Q and dO, 2 bytes, and dQ, 4 bytes, per value)."""
+    from ...flash_launch import _scales
+    from ..direct_launch import direct
+    from .flash_bwd128_ws_kernel import bwd128_ws_kernel
+    from .fwd_ws import heads_per_group
+
+    if stages < 2 or slots < 1:
+        raise ValueError(f"launch_bwd128_ws: stages must be at least 2 and slots at least 1, got {stages}, {slots}")
+    if (why := bwd128_supported(q, k, v, do, is_causal)) is not None:
+        raise ValueError(f"launch_bwd128_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
+    Z, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    sm_scale, qk_scale = _scales(d)
+    q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
+    if group is None:
+        group = heads_per_group(Z * H, n_q * d * (2 * q.element_size() + 4), d, n_k // BN, q.device)
+    if not 1 <= group <= Z * H:
+        raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
+    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, qk_scale, sm_scale, group)
+    grid = (n_k // BN, Z * H)
+    constexprs = _constexprs(d, is_causal, stages, slots)
+    if kernel is None:
+        direct(bwd128_ws_kernel).launch(grid, args, constexprs)
+    else:
+        kernel[grid](*args, **constexprs)
+    return dq.to(q.dtype), dk, dv
+
+
+def bwd128_args_for_report(is_causal: bool, stages: int, slots: int):
+    """(kernel, runtime args, constexprs) of a launch on CPU stand-ins: for the offline compile report."""
+    from .flash_bwd128_ws_kernel import bwd128_ws_kernel
+
+    n, d = 4096, 128
+    x = torch.empty(1, 1, n, d, dtype=torch.bfloat16)
+    dq = torch.empty(1, 1, n, d, dtype=torch.float32)
+    vec = torch.empty(1, 1, n, dtype=torch.float32)
+    q_d, k_d, v_d, do_d, dq_d = _descriptors(x, x, x, x, dq)
+    args = (q_d, k_d, v_d, do_d, vec, vec, dq_d, x, x, n, n, 0.1, 0.1, 1)
+    return bwd128_ws_kernel, args, _constexprs(d, is_causal, stages, slots)
