@@ -1,9 +1,9 @@
-"""The attention and torch.compile chapter: naive attention alone (eager and compiled), its memory
-against the hand count, and the whole model compiled.
+"""The attention and torch.compile chapter's numbers (docs/attention.md, docs/attention/runs.md):
+naive attention alone, eager and compiled, its memory against the hand count, the allocator checks
+at seq 32,768, and the whole model compiled.
 
-Rows: results/attention/pytorch_attention/ (the sweep, eager and compiled, plus the two longer
-sequences it probes at d = 64) and results/end-to-end/compile/. Named attention_* / compile_* so the
-FlashAttention chapter's report modules (report/flash*) stay apart.
+Rows: results/attention/pytorch_attention/ (the sweep, plus two longer sequences it probes at
+d = 64), results/attention/oom_checks/ (each check in a fresh process) and results/end-to-end/compile/.
 """
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import pandas as pd
 
 from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.model.config import PRESETS
+from cs336_systems.profiling.attention_oom import DEFAULT
 from report.figures import plt
-from report.profiling import SIZES, newest, ok, pm, register, span, with_source
-from report.profiling_kernels import kernel_cells
-from report.results import load_results
+from report.profiling import SIZES, kernel_cells
+from report.registry import register
+from report.results import load_results, newest, ok, with_source
+from report.units import GiB, MiB, near, pm, span
 
 BENCH = "attention/pytorch_attention"
 KEY = ["impl", "d", "seq"]
 GRID_SEQS = (256, 1024, 4096, 8192, 16384)  # the course's grid; longer sequences are OOM probes
-GiB, MiB = 2**30, 2**20
 
 
 # ---- pytorch_attention ----------------------------------------------------------------------------
@@ -51,15 +52,12 @@ def attention_figure():
     for impl, ls in (("eager", "-"), ("compiled", "--")):
         for d in sorted(df["d"].unique()):
             s = df[(df["impl"] == impl) & (df["d"] == d)].sort_values("seq")
-            if len(s) < 2:
-                continue
-            axes[0].plot(s["seq"], s["forward_ms"] + s["backward_ms"], ls, marker="o", ms=3, label=f"{impl} d={d}")
-            axes[1].plot(s["seq"], s["peak_mib"] / 1024, ls, marker="o", ms=3, label=f"{impl} d={d}")
+            if len(s) >= 2:
+                axes[0].plot(s["seq"], s["forward_ms"] + s["backward_ms"], ls, marker="o", ms=3, label=f"{impl} d={d}")
+                axes[1].plot(s["seq"], s["peak_mib"] / 1024, ls, marker="o", ms=3, label=f"{impl} d={d}")
     for ax, label in zip(axes, ("forward + backward ms", "peak GiB")):
+        ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel=label)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6, ncols=2)
     fig.suptitle("naive attention, batch 8, fp32: quadratic in seq, barely dependent on d", fontsize=10)
@@ -86,10 +84,6 @@ def memory_check() -> pd.DataFrame:
         "peak / score matrix": e.peak_mib / e.predicted_one_score_matrix_mib})
 
 
-def memory_check_table() -> str:
-    return with_source(memory_check(), BENCH, floatfmt=",.4g", used=attention_rows())
-
-
 def oom_probes() -> pd.DataFrame:
     """The sequences beyond the grid (d = 64, eager), with the hand count of what they need."""
     df = newest(load_results(BENCH), KEY)
@@ -98,14 +92,9 @@ def oom_probes() -> pd.DataFrame:
     for _, r in p.iterrows():
         a = attention_memory(8, int(r.seq), int(r.d))
         rows.append({"seq": int(r.seq), "d": int(r.d), "status": str(r.status).upper(),
-                     "one score matrix GiB": a["one_score_matrix"] / GiB,
-                     "forward peak by hand GiB": a["forward_peak"] / GiB,
+                     "one score matrix GiB": a["one_score_matrix"] / GiB, "forward peak by hand GiB": a["forward_peak"] / GiB,
                      "backward peak by hand GiB": a["backward_peak"] / GiB, "card GiB": capacity_gib()})
     return pd.DataFrame(rows)
-
-
-def oom_probes_table() -> str:
-    return with_source(oom_probes(), BENCH, floatfmt=".1f")
 
 
 def largest_run(d: int = 64):
@@ -114,27 +103,80 @@ def largest_run(d: int = 64):
 
 def _eager(seq: int, d: int):
     e = attention_rows()
-    return e[(e.seq == seq) & (e.d == d)].iloc[0]
+    r = e[(e.seq == seq) & (e.d == d)].iloc[0]
+    return r.forward_ms + r.backward_ms
 
 
-FACTS = {
-    "attention.small_fwd_ms": lambda: span(attention_rows().query("seq <= 1024").forward_ms, ".2f"),
-    "attention.growth": lambda: f"{growth_per_doubling().min():.1f}x to {growth_per_doubling().max():.1f}x",
-    "attention.d_ratio_16384": lambda: "{:.2f}".format(
-        (_eager(16384, 128).forward_ms + _eager(16384, 128).backward_ms)
-        / (_eager(16384, 16).forward_ms + _eager(16384, 16).backward_ms)),
-    "attention.card_gib": lambda: f"{capacity_gib():.1f}",
-    "attention.peak_offset_mib": lambda: f"{(attention_rows().peak_mib - attention_rows().predicted_backward_peak_mib).median():g}",
-    "attention.largest_seq": lambda: f"{int(largest_run().seq):,}",
-    "attention.largest_peak_gib": lambda: f"{largest_run().peak_mib / 1024:.1f}",
-    "attention.largest_saved_gib": lambda: f"{largest_run().graph_mib / 1024:.1f}",
-    "attention.oom_seq": lambda: f"{int(oom_probes().seq.min()):,}",
-    "attention.oom_backward_gib": lambda: f"{oom_probes().iloc[0]['backward peak by hand GiB']:.1f}",
-    "attention.oom_score_gib": lambda: f"{oom_probes().iloc[0]['one score matrix GiB']:.0f}",
-}
+def _grid_fits_first_probe_does_not() -> bool:
+    every = newest(load_results(BENCH), KEY)
+    return ((every[every.seq.isin(GRID_SEQS)].status == "ok").all() and (oom_probes().status == "OOM").all()
+            and largest_run().seq == max(GRID_SEQS) < oom_probes().seq.min())
 
 
-# ---- torch_compile (a): compiled attention -----------------------------------------------------------
+def _memory_as_counted() -> bool:
+    """O + P exactly; the peak four score matrices plus one offset, the same in every cell."""
+    c = memory_check()
+    offset = c["peak: measured MiB"] - c["peak by hand MiB"]
+    return (c["forward added: measured MiB"] == c["by hand (O + P) MiB"]).all() and offset.nunique() == 1 and 0 < offset.iloc[0] < 256
+
+
+def _saved_is_mostly_p() -> bool:
+    c = memory_check().set_index(["d", "seq"])
+    big = c.loc[(64, 16384)]
+    return (big["forward added: measured MiB"] < 1.01 * big["score matrix MiB"] + 64  # P plus O (64 MiB)
+            and all(c.loc[(d, 16384), "score matrix MiB"] == 4 * c.loc[(d, 8192), "score matrix MiB"] for d in (16, 32, 64, 128)))
+
+
+# ---- attention/runs.md: why seq 32,768 ran out of memory -------------------------------------------
+
+SPLIT = "max_split_size_mb:1024"
+
+
+def checks() -> pd.DataFrame:
+    """The newest row per check cell (batch 8, d = 64), ok or out of memory."""
+    df = load_results("attention/oom_checks")
+    df = df[df["status"].isin(["ok", "oom"]) & (df["batch"] == 8) & (df["d"] == 64)]
+    return newest(df, ["batch", "d", "seq", "alloc_conf"]).sort_values(["seq", "alloc_conf"])
+
+
+def score_mib(seq: int) -> float:
+    return attention_memory(8, seq, 64)["one_score_matrix"] / MiB
+
+
+def check(seq: int, conf: str):
+    c = checks()
+    return c[(c["seq"] == seq) & (c["alloc_conf"] == conf)].iloc[0]
+
+
+def _peaks(r) -> tuple[float, float]:
+    """(allocated, reserved) peaks in MiB: of the run, or up to the moment of the OOM."""
+    src = r if r["status"] == "ok" else r["at_oom"]
+    return src["peak_allocated_mib"], src["peak_reserved_mib"]
+
+
+def checks_table() -> str:
+    rows = []
+    for _, r in checks().iterrows():
+        alloc, reserved = _peaks(r)
+        oom = r["status"] == "oom"
+        rows.append({"seq": int(r.seq), "allocator": "default" if r.alloc_conf == DEFAULT else f"`{r.alloc_conf}`",
+                     "result": "out of memory" if oom else "ran",
+                     "peak allocated (score matrices)": alloc / score_mib(int(r.seq)),
+                     "peak reserved (score matrices)": reserved / score_mib(int(r.seq)),
+                     "asked for GiB": r.tried_mib / 1024 if oom else None,
+                     "free on the card GiB": r.free_mib / 1024 if oom else None,
+                     "reserved but unallocated GiB": r.reserved_unallocated_mib / 1024 if oom else None})
+    return with_source(pd.DataFrame(rows), "attention/oom_checks", floatfmt=".2f")
+
+
+def stranded_block_confirmed() -> bool:
+    """Both predictions of the hypothesis hold: at seq 16,384 the default allocator reserves about a
+    fifth score matrix over the four allocated, and seq 32,768 runs once large blocks are not split."""
+    a, b = check(16384, DEFAULT), check(32768, SPLIT)
+    return a["status"] == "ok" and _peaks(a)[1] / score_mib(16384) >= 4.5 and b["status"] == "ok"
+
+
+# ---- torch_compile -------------------------------------------------------------------------------
 
 def compiled_vs_eager() -> pd.DataFrame:
     e, c = attention_rows("eager"), attention_rows("compiled")
@@ -152,26 +194,15 @@ def compare_table() -> str:
     return with_source(shown, BENCH, used=newest(ok(BENCH), KEY))
 
 
-def _long():
+def _long() -> pd.DataFrame:
     m = compiled_vs_eager()
     return m[m.seq >= 4096]
 
 
-def _short():
+def _short() -> pd.DataFrame:
     m = compiled_vs_eager()
     return m[m.seq < 4096]
 
-
-FACTS |= {
-    "attention.compiled_fwd_speedup": lambda: span(_long().fwd_speedup, ".2f", "x"),
-    "attention.compiled_bwd_speedup": lambda: span(_long().bwd_speedup, ".2f", "x"),
-    "attention.compiled_peak_ratio": lambda: span(_long().peak_ratio, ".2f"),
-    "attention.compiled_short_speedup": lambda: span(pd.concat([_short().fwd_speedup, _short().bwd_speedup]), ".2f", "x"),
-    "attention.compiled_short_slower": lambda: f"{(_short().fwd_speedup < 1).sum() + (_short().bwd_speedup < 1).sum()} of {2 * len(_short())}",
-}
-
-
-# ---- torch_compile (b): the whole model ------------------------------------------------------------
 
 COMPILE_KEY = ["size", "mode", "dtype", "compile"]
 
@@ -179,7 +210,7 @@ COMPILE_KEY = ["size", "mode", "dtype", "compile"]
 def compile_rows() -> pd.DataFrame:
     """One row per compile cell: the earliest. A re-run on the same machine finds Inductor's on-disk
     cache warm, so only the first run's first step is a cold compile."""
-    return ok("end-to-end/compile").sort_values("time_utc").drop_duplicates(COMPILE_KEY, keep="first")
+    return newest(ok("end-to-end/compile"), COMPILE_KEY, keep="first")
 
 
 def compile_cells() -> pd.DataFrame:
@@ -215,11 +246,6 @@ def compile_vs_profile() -> pd.DataFrame:
                          "eager forward outside matmuls": [1 - k.loc[s, "fwd_matmul_share"] for s in PRESETS]})
 
 
-def compile_vs_profile_table() -> str:
-    return with_source(compile_vs_profile(), "end-to-end/compile", formats={
-        "compile removes (forward)": ".0%", "eager forward outside matmuls": ".0%"}, used=compile_rows())
-
-
 def compiled_twice() -> pd.DataFrame:
     """Compiled cells measured more than once on one machine: the first (cold) and the last first step."""
     every = ok("end-to-end/compile")
@@ -230,14 +256,81 @@ def compiled_twice() -> pd.DataFrame:
                          for (s, m), g in twice.groupby(["size", "mode"])])
 
 
-def compiled_twice_table() -> str:
-    return with_source(compiled_twice(), "end-to-end/compile", floatfmt=".1f")
+def _compile_cut_shrinks() -> bool:
+    c, v = compile_cells(), compile_vs_profile().set_index("size")
+    exceeds = v[v["compile removes (forward)"] > v["eager forward outside matmuls"]].index
+    return (all(c[c["mode"] == m].cut.is_monotonic_decreasing for m in ("forward", "train")) and (c.cut > 0).all()
+            and v["eager forward outside matmuls"].is_monotonic_decreasing and list(exceeds) == ["small"])
 
 
-FACTS |= {
-    "attention.compile_cut": lambda: span(compile_cells().cut, ".0%"),
-    "attention.compile_first_s": lambda: span(compile_cells().first_step_s),
-    "attention.compile_cut_fwd_small": lambda: f"{compile_vs_profile().set_index('size').iloc[0, 0]:.0%}",
-    "attention.compile_cut_fwd_large": lambda: f"{compile_vs_profile().set_index('size').iloc[-1, 0]:.0%}",
-}
-register(FACTS)
+register(
+    "attention",
+    facts={
+        "small_fwd_ms": lambda: span(attention_rows().query("seq <= 1024").forward_ms, ".2f"),
+        "growth": lambda: f"{growth_per_doubling().min():.1f}x to {growth_per_doubling().max():.1f}x",
+        "d_ratio_16384": lambda: f"{_eager(16384, 128) / _eager(16384, 16):.2f}",
+        "card_gib": lambda: f"{capacity_gib():.1f}",
+        "peak_offset_mib": lambda: f"{(attention_rows().peak_mib - attention_rows().predicted_backward_peak_mib).median():g}",
+        "largest_seq": lambda: f"{int(largest_run().seq):,}",
+        "largest_peak_gib": lambda: f"{largest_run().peak_mib / 1024:.1f}",
+        "largest_saved_gib": lambda: f"{largest_run().graph_mib / 1024:.1f}",
+        "oom_seq": lambda: f"{int(oom_probes().seq.min()):,}",
+        "oom_backward_gib": lambda: f"{oom_probes().iloc[0]['backward peak by hand GiB']:.1f}",
+        "oom_score_gib": lambda: f"{oom_probes().iloc[0]['one score matrix GiB']:.0f}",
+        "compiled_fwd_speedup": lambda: span(_long().fwd_speedup, ".2f", "x"),
+        "compiled_bwd_speedup": lambda: span(_long().bwd_speedup, ".2f", "x"),
+        "compiled_peak_ratio": lambda: span(_long().peak_ratio, ".2f"),
+        "compiled_short_speedup": lambda: span(pd.concat([_short().fwd_speedup, _short().bwd_speedup]), ".2f", "x"),
+        "compiled_short_slower": lambda: f"{(_short().fwd_speedup < 1).sum() + (_short().bwd_speedup < 1).sum()} of {2 * len(_short())}",
+        "compile_cut": lambda: span(compile_cells().cut, ".0%"),
+        "compile_first_s": lambda: span(compile_cells().first_step_s),
+        "compile_cut_fwd_small": lambda: f"{compile_vs_profile().iloc[0, 1]:.0%}",
+        "compile_cut_fwd_large": lambda: f"{compile_vs_profile().iloc[-1, 1]:.0%}",
+        # runs.md
+        "oom_margin_gib": lambda: f"{capacity_gib() - attention_memory(8, 32768, 64)['backward_peak'] / GiB:.1f}",
+        "oom_output_mib": lambda: f"{attention_memory(8, 32768, 64)['inputs_qkv'] / 3 / MiB:.0f}",
+        "score_16384_gib": lambda: f"{score_mib(16384) / 1024:.0f}",
+        "reserved_16384_default": lambda: f"{_peaks(check(16384, DEFAULT))[1] / score_mib(16384):.2f}",
+        "allocated_16384_default": lambda: f"{_peaks(check(16384, DEFAULT))[0] / score_mib(16384):.2f}",
+        "reserved_16384_split": lambda: f"{_peaks(check(16384, SPLIT))[1] / score_mib(16384):.2f}",
+        "oom_tried_gib": lambda: f"{check(32768, DEFAULT).tried_mib / 1024:.1f}",
+        "oom_stranded_gib": lambda: f"{check(32768, DEFAULT).reserved_unallocated_mib / 1024:.1f}",
+        "split_32768_allocated_gib": lambda: f"{_peaks(check(32768, SPLIT))[0] / 1024:.1f}",
+        "split_32768_reserved_gib": lambda: f"{_peaks(check(32768, SPLIT))[1] / 1024:.1f}",
+    },
+    tables={
+        "forward": lambda: attention_pivot("forward_ms"), "backward": lambda: attention_pivot("backward_ms"),
+        "before_backward": lambda: attention_pivot("mem_before_backward_mib", fmt=".5g"),
+        "memory_check": lambda: with_source(memory_check(), BENCH, floatfmt=",.4g", used=attention_rows()),
+        "oom_probes": lambda: with_source(oom_probes(), BENCH, floatfmt=".1f"),
+        "compiled": compare_table, "compile": compile_table,
+        "compile_vs_profile": lambda: with_source(compile_vs_profile(), "end-to-end/compile", used=compile_rows(), formats={
+            "compile removes (forward)": ".0%", "eager forward outside matmuls": ".0%"}),
+        "checks": checks_table,
+        "compiled_twice": lambda: with_source(compiled_twice(), "end-to-end/compile", floatfmt=".1f"),
+    },
+    figures={"sweep": attention_figure},
+    claims={
+        # 4x per doubling is exactly quadratic; below 4096 launch overhead sets the time
+        "quadratic_from_4096": lambda: growth_per_doubling().between(3.0, 4.5).all(),
+        "flat_up_to_1024": lambda: (lambda f: f.max() < 2 * f.min())(attention_rows().query("seq <= 1024").forward_ms),
+        "head_dimension_matters_little": lambda: _eager(16384, 128) / _eager(16384, 16) < 4,
+        "grid_fits_first_probe_does_not": _grid_fits_first_probe_does_not,
+        "memory_as_counted": _memory_as_counted,
+        "saved_memory_is_p_and_quadratic": _saved_is_mostly_p,
+        "hand_count_fits_yet_out_of_memory": lambda: oom_probes().iloc[0]["backward peak by hand GiB"]
+        < oom_probes().iloc[0]["card GiB"] and oom_probes().iloc[0]["status"] == "OOM",
+        "allocator_set_the_boundary": stranded_block_confirmed,
+        "stranded_block_is_one_score_matrix": lambda: check(32768, DEFAULT)["status"] == "oom"
+        and near(check(32768, DEFAULT).reserved_unallocated_mib, score_mib(32768), 0.02),
+        "unsplit_blocks_lower_the_reserve": lambda: _peaks(check(16384, SPLIT))[1] / score_mib(16384) < 4.5,
+        "compile_pays_from_4096": lambda: (_long().fwd_speedup > 1).all() and (_long().bwd_speedup > 1).all(),
+        "compile_halves_the_peak": lambda: _long().peak_ratio.between(0.4, 0.6).all(),
+        "compile_does_not_pay_short": lambda: (_short().fwd_speedup < 1).sum() + (_short().bwd_speedup < 1).sum() > len(_short()),
+        "compile_keeps_memory_before_backward": lambda: (_long().mem_before_backward_mib_c == _long().mem_before_backward_mib_e).all(),
+        "compile_gains_less_with_size": _compile_cut_shrinks,
+        "second_compile_is_warm": lambda: len(compiled_twice()) > 0 and (
+            compiled_twice()["first compiled step, again s"] < 0.5 * compiled_twice()["first compiled step, first run s"]).all()
+        and (compiled_twice()["steady step, again ms"] / compiled_twice()["steady step, first run ms"]).between(0.95, 1.05).all(),
+    },
+)

@@ -1,9 +1,5 @@
-"""The collectives chapter: the all-reduce benchmark's rows as tables, a figure, fits and facts.
-
-    ```python exec="on"
-    import report.collectives
-    print(report.collectives.all_reduce_table("nvidia-h200"))
-    ```
+"""The collectives chapter's numbers (docs/collectives.md): the all-reduce benchmark's rows as tables,
+a figure, the latency-bandwidth fits, facts and claims.
 
 A "kind" is backend and tensor device together (`nccl+cuda`, `gloo+cuda`, `gloo+cpu`): a GPU host's
 file holds gloo on CPU tensors and on CUDA tensors, so the backend alone does not pick a row.
@@ -11,25 +7,18 @@ file holds gloo on CPU tensors and on CUDA tensors, so the backend alone does no
 
 from __future__ import annotations
 
-from functools import partial
-
 import pandas as pd
 
 from cs336_systems.distributed.bucket_model import fit_latency_bandwidth
 from cs336_systems.distributed.collectives_bench import BENCH, KEY
-from report import distributed_figures
-from report.facts import fact
-from report.results import load_results, markdown_table, provenance_line
+from report.figures import plt
+from report.registry import register
+from report.results import CPU, GPU, load_results, markdown_table, newest, provenance_line, source
 
-GPU, CPU = "nvidia-h200", "cpu"
 PROBE_MB, GB_MB = 4 / 1024, 1024  # the 4 KB latency probe and the 1 GB cell, in MiB
 # NVLink on an H200 SXM: 900 GB/s in both directions together, so 450 GB/s each way
 # (NVIDIA H200 Tensor Core GPU datasheet, "NVIDIA NVLink: 900GB/s").
 NVLINK_GBPS_PER_DIRECTION = 450.0
-
-
-def source(device: str) -> str:
-    return f"results/{BENCH}/{device}.jsonl"
 
 
 def all_reduce_rows(device: str = CPU) -> pd.DataFrame:
@@ -37,7 +26,7 @@ def all_reduce_rows(device: str = CPU) -> pd.DataFrame:
     df = load_results(BENCH, device)
     if df.empty:
         return df
-    df = df.sort_values("time_utc").drop_duplicates(KEY, keep="last").reset_index(drop=True)
+    df = newest(df, KEY).reset_index(drop=True)
     return df.assign(kind=df["backend"] + "+" + df["device_type"])
 
 
@@ -47,7 +36,7 @@ def cell(device: str, kind: str, ranks: int, size_mb: float) -> pd.Series:
     hit = df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)
              & (df["size_mb"] == size_mb)]
     if hit.empty:
-        raise KeyError(f"no ok all-reduce row for {kind}, {ranks} ranks, {size_mb} MB in {source(device)}")
+        raise KeyError(f"no ok all-reduce row for {kind}, {ranks} ranks, {size_mb} MB in {source(BENCH, device)}")
     return hit.iloc[-1]
 
 
@@ -78,11 +67,26 @@ def all_reduce_table(device: str = CPU) -> str:
         "load avg": df["loadavg_1m"],
     })
     return (markdown_table(shown, floatfmt=".3g", formats={"time (ms)": ".4g"}) + "\n\n"
-            + provenance_line(df, source(device)))
+            + provenance_line(df, source(BENCH, device)))
 
 
 def all_reduce_figure(device: str = CPU):
-    return distributed_figures.collectives(all_reduce_rows(device))
+    """All-reduce time and bus bandwidth against size, one line per (backend, world size)."""
+    ok = all_reduce_rows(device).query("status == 'ok'").sort_values("size_bytes")
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for (backend, device_type, world), g in ok.groupby(["backend", "device_type", "world_size"]):
+        label = f"{backend}+{device_type.upper()}, {world} ranks"
+        ax_t.plot(g["size_bytes"] / 2**20, g["time_ms"], marker="o", label=label)
+        ax_b.plot(g["size_bytes"] / 2**20, g["busbw_gbps"], marker="o", label=label)
+    ax_t.set(xscale="log", yscale="log", xlabel="tensor size (MB)", ylabel="all-reduce time (ms)",
+             title="time (median of the slowest rank)")
+    ax_b.set(xscale="log", xlabel="tensor size (MB)", ylabel="bus bandwidth (GB/s)",
+             title="bus bandwidth = bytes/time x 2(n-1)/n")
+    for ax in (ax_t, ax_b):
+        ax.grid(True, which="both", alpha=0.3)
+    ax_b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def fit(device: str, kind: str, ranks: int) -> tuple[float, float]:
@@ -91,7 +95,7 @@ def fit(device: str, kind: str, ranks: int) -> tuple[float, float]:
     df = all_reduce_rows(device)
     df = df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)]
     if df.empty:
-        raise ValueError(f"no all-reduce rows for {kind} on {ranks} ranks in {source(device)}: "
+        raise ValueError(f"no all-reduce rows for {kind} on {ranks} ranks in {source(BENCH, device)}: "
                          "cannot fit o and w")
     return fit_latency_bandwidth(df["size_bytes"].tolist(), (df["time_ms"] / 1e3).tolist())
 
@@ -130,8 +134,6 @@ def knee_mb(device: str, kind: str, ranks: int = 2) -> float:
     return o * w / 2**20
 
 
-# -- facts: "{{ collectives.<name> }}" in the chapter ---------------------------------------------
-
 # name: (device, kind, ranks, size MB, column, scale, format)
 _CELLS = {
     "nccl_1gb_ms": (GPU, "nccl+cuda", 2, GB_MB, "time_ms", 1, ".1f"),
@@ -163,69 +165,57 @@ _CELLS = {
 }
 
 
-def _cell_fact(device, kind, ranks, size_mb, column, scale, fmt) -> str:
-    return format(float(cell(device, kind, ranks, size_mb)[column]) * scale, fmt)
-
-
-for _name, _spec in _CELLS.items():
-    fact(f"collectives.{_name}")(partial(_cell_fact, *_spec))
-
-
 def time_ratio(device: str, slow: tuple[str, int, float], fast: tuple[str, int, float]) -> float:
     """time of one cell over another's, each given as (kind, ranks, size MB)."""
     return float(cell(device, *slow)["time_ms"] / cell(device, *fast)["time_ms"])
 
 
-@fact("collectives.nccl_1gb_nvlink_share")
-def _() -> str:
-    return f"{cell(GPU, 'nccl+cuda', 2, GB_MB)['busbw_gbps'] / NVLINK_GBPS_PER_DIRECTION:.0%}"
+def _t(device: str, kind: str, n: int, mb: float, column: str = "time_ms") -> float:
+    return float(cell(device, kind, n, mb)[column])
 
 
-@fact("collectives.nccl_vs_gloo_1gb")
-def _() -> str:
-    return f"{time_ratio(GPU, ('gloo+cuda', 2, GB_MB), ('nccl+cuda', 2, GB_MB)):.0f}"
+def _cpu_six_ahead_of_four_by_scheduling() -> bool:
+    """6 ranks ahead of 4 at 1 GB, by a little more than the standard deviations added (under twice)."""
+    bw = {n: _t(CPU, "gloo+cpu", n, GB_MB, "busbw_gbps") for n in (2, 4, 6)}
+    gap = _t(CPU, "gloo+cpu", 4, GB_MB) - _t(CPU, "gloo+cpu", 6, GB_MB)
+    stds = _t(CPU, "gloo+cpu", 4, GB_MB, "time_ms_std") + _t(CPU, "gloo+cpu", 6, GB_MB, "time_ms_std")
+    return bw[2] > max(bw[4], bw[6]) and bw[6] > bw[4] and stds < gap < 2 * stds
 
 
-@fact("collectives.cpu_6x1gb_all_ranks_gib")
-def _() -> str:
-    return f"{6 * cell(CPU, 'gloo+cpu', 6, GB_MB)['peak_rss_mb_max_rank'] / 1024:.1f}"
-
-
-@fact("collectives.cpu_1mb_to_1gb_growth")
-def _() -> str:
-    return f"{time_ratio(CPU, ('gloo+cpu', 2, GB_MB), ('gloo+cpu', 2, 1)):.0f}"
-
-
-@fact("collectives.nccl_knee_mb")
-def _() -> str:
-    return f"{knee_mb(GPU, 'nccl+cuda'):.0f}"
-
-
-@fact("collectives.gloo_cuda_knee_mb")
-def _() -> str:
-    return f"{knee_mb(GPU, 'gloo+cuda'):.1f}"
-
-
-@fact("collectives.cpu_knee_mb")
-def _() -> str:
-    return f"{knee_mb(CPU, 'gloo+cpu'):.2f}"
-
-
-@fact("collectives.cpu_o_ms")
-def _() -> str:
-    return f"{fit(CPU, 'gloo+cpu', 2)[0] * 1e3:.2f}"
-
-
-@fact("collectives.cpu_w_gbps")
-def _() -> str:
-    return f"{fit(CPU, 'gloo+cpu', 2)[1] / 1e9:.2f}"
-
-
-@fact("collectives.nccl_o_smaller")
-def _() -> str:
-    return f"{fit(GPU, 'gloo+cuda', 2)[0] / fit(GPU, 'nccl+cuda', 2)[0]:.0f}"
-
-
-@fact("collectives.nccl_w_larger")
-def _() -> str:
-    return f"{fit(GPU, 'nccl+cuda', 2)[1] / fit(GPU, 'gloo+cuda', 2)[1]:.0f}"
+register("collectives", facts={
+    **{name: (lambda d=d, k=k, n=n, mb=mb, c=c, x=x, f=f: format(_t(d, k, n, mb, c) * x, f))
+       for name, (d, k, n, mb, c, x, f) in _CELLS.items()},
+    "nccl_1gb_nvlink_share": lambda: f"{_t(GPU, 'nccl+cuda', 2, GB_MB, 'busbw_gbps') / NVLINK_GBPS_PER_DIRECTION:.0%}",
+    "nccl_vs_gloo_1gb": lambda: f"{time_ratio(GPU, ('gloo+cuda', 2, GB_MB), ('nccl+cuda', 2, GB_MB)):.0f}",
+    "cpu_6x1gb_all_ranks_gib": lambda: f"{6 * _t(CPU, 'gloo+cpu', 6, GB_MB, 'peak_rss_mb_max_rank') / 1024:.1f}",
+    "cpu_1mb_to_1gb_growth": lambda: f"{time_ratio(CPU, ('gloo+cpu', 2, GB_MB), ('gloo+cpu', 2, 1)):.0f}",
+    "nccl_knee_mb": lambda: f"{knee_mb(GPU, 'nccl+cuda'):.0f}",
+    "gloo_cuda_knee_mb": lambda: f"{knee_mb(GPU, 'gloo+cuda'):.1f}",
+    "cpu_knee_mb": lambda: f"{knee_mb(CPU, 'gloo+cpu'):.2f}",
+    "cpu_o_ms": lambda: f"{fit(CPU, 'gloo+cpu', 2)[0] * 1e3:.2f}",
+    "cpu_w_gbps": lambda: f"{fit(CPU, 'gloo+cpu', 2)[1] / 1e9:.2f}",
+    "nccl_o_smaller": lambda: f"{fit(GPU, 'gloo+cuda', 2)[0] / fit(GPU, 'nccl+cuda', 2)[0]:.0f}",
+    "nccl_w_larger": lambda: f"{fit(GPU, 'nccl+cuda', 2)[1] / fit(GPU, 'gloo+cuda', 2)[1]:.0f}",
+}, tables={
+    "gpu": lambda: all_reduce_table(GPU), "gpu_fits": lambda: fits_table(GPU),
+    "cpu": lambda: all_reduce_table(CPU), "cpu_fits": lambda: fits_table(CPU),
+}, figures={"gpu": lambda: all_reduce_figure(GPU), "cpu": lambda: all_reduce_figure(CPU)}, claims={
+    "gloo_is_slower_through_the_host": lambda: _t(GPU, "gloo+cuda", 2, GB_MB) > 10 * _t(GPU, "nccl+cuda", 2, GB_MB),
+    # far: ten times or more
+    "nccl_knee_far_right_of_gloos": lambda: knee_mb(GPU, "nccl+cuda") > 10 * knee_mb(GPU, "gloo+cuda")
+    and fit(GPU, "nccl+cuda", 2)[0] < fit(GPU, "gloo+cuda", 2)[0] and fit(GPU, "nccl+cuda", 2)[1] > fit(GPU, "gloo+cuda", 2)[1],
+    "more_ranks_hurt_small_messages": lambda: _t(CPU, "gloo+cpu", 2, PROBE_MB) < _t(CPU, "gloo+cpu", 4, PROBE_MB) < _t(CPU, "gloo+cpu", 6, PROBE_MB),
+    "nccl_small_calls_cost_their_fixed_cost": lambda: abs(_t(GPU, "nccl+cuda", 2, 1) - _t(GPU, "nccl+cuda", 2, PROBE_MB))
+    < _t(GPU, "nccl+cuda", 2, 1, "time_ms_std") + _t(GPU, "nccl+cuda", 2, PROBE_MB, "time_ms_std"),
+    "nccl_bandwidth_climbs_to_100_mb": lambda: (lambda bw: bw == sorted(bw))(
+        [_t(GPU, "nccl+cuda", 2, mb, "busbw_gbps") for mb in (1, 10, 100, GB_MB)]),
+    # the same: within 10%
+    "gloo_cuda_like_cpu_at_1_gb": lambda: abs(_t(GPU, "gloo+cuda", 2, GB_MB) / _t(GPU, "gloo+cpu", 2, GB_MB) - 1) < 0.1,
+    "gloo_cuda_copies_show_at_1_mb": lambda: _t(GPU, "gloo+cuda", 2, 1) > _t(GPU, "gloo+cpu", 2, 1),
+    "six_rank_1_gb_cell_ran": lambda: _t(CPU, "gloo+cpu", 6, GB_MB) > 0,  # cell() raises unless the row is ok
+    "cpu_knee_below_1_mb": lambda: knee_mb(CPU, "gloo+cpu") < 1
+    and _t(CPU, "gloo+cpu", 2, 1, "busbw_gbps") < _t(CPU, "gloo+cpu", 2, GB_MB, "busbw_gbps"),
+    "cpu_growth_less_than_linear": lambda: time_ratio(CPU, ("gloo+cpu", 2, GB_MB), ("gloo+cpu", 2, 1)) < 1024,
+    "cpu_six_ahead_of_four_by_scheduling": _cpu_six_ahead_of_four_by_scheduling,
+    "only_two_gpus_measured": lambda: set(all_reduce_rows(GPU).query("status == 'ok'")["world_size"]) == {2},
+})

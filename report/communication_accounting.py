@@ -1,13 +1,7 @@
-"""The communication-accounting chapter: the XXL model's tables and facts, computed at build time.
-
-Nothing here is measured: every number comes from the formulas in
-cs336_systems/sharding/communication_accounting.py, so the page shows the arithmetic the problem
-asks for and this module only lays it out.
-
-    ```python exec="on"
-    import report.communication_accounting
-    print(report.communication_accounting.xxl_memory_table())
-    ```
+"""The communication-accounting chapter's numbers (docs/communication-accounting.md), computed at
+build time: nothing here is measured. Every number comes from the formulas in
+cs336_systems/sharding/communication_accounting.py; this module lays them out, and the claims
+recompute them by hand (float64) from the problem's text.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ import math
 import pandas as pd
 
 from cs336_systems.sharding import communication_accounting as ca
-from report.facts import fact
+from report.registry import register
 from report.results import markdown_table
 
 GB = 1e9
@@ -81,9 +75,6 @@ def batch_reduction_table(cfg: ca.XXLConfig = CFG) -> str:
     return markdown_table(pd.DataFrame(rows))
 
 
-# -- facts: "{{ comm_accounting.<name> }}" in the chapter -------------------------------------------
-
-
 def summary(overlap: bool = True) -> dict[str, float]:
     return ca.compute_bound_summary(CFG, ca.TPU_V5P, MESH, overlap)
 
@@ -93,22 +84,45 @@ def tokens_until_overflow() -> float:
     return ca.TPU_V5P.memory_bytes / (ca.activation_bytes_per_token(CFG) / 2)
 
 
-fact("comm_accounting.params")(lambda: f"{ca.n_params(CFG):,}")
-fact("comm_accounting.state_tb")(lambda: f"{ca.state_bytes(CFG) / 1e12:.2f}")
-fact("comm_accounting.h100s")(lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)}")
-fact("comm_accounting.h100s_gib")(
-    lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.Accelerator('80 GiB', 80 * 2**30))}")
-fact("comm_accounting.act_mb_per_token")(lambda: f"{ca.activation_bytes_per_token(CFG) / 1e6:.1f}")
-fact("comm_accounting.v5p_gb")(lambda: f"{ca.TPU_V5P.memory_bytes / GB:.0f}")
-fact("comm_accounting.n_fsdp_state")(lambda: f"{ca.n_fsdp_required(CFG, ca.TPU_V5P)}")
-fact("comm_accounting.tokens_until_overflow")(lambda: f"{tokens_until_overflow():,.0f}")
-fact("comm_accounting.c_flops")(lambda: f"{ca.TPU_V5P.flops:.2g}".replace("e+", " \\cdot 10^{") + "}")
-fact("comm_accounting.w_ici")(lambda: f"{ca.TPU_V5P.ici_bandwidth:.2g}".replace("e+", " \\cdot 10^{") + "}")
-fact("comm_accounting.alpha")(lambda: f"{summary()['alpha']:.0f}")
-fact("comm_accounting.per_device_exact")(lambda: f"{summary()['per_device_exact']:.1f}")
-fact("comm_accounting.per_device_tokens")(lambda: f"{summary()['per_device_tokens']}")
-fact("comm_accounting.global_batch")(lambda: f"{summary()['global_batch_tokens']:,}")
-fact("comm_accounting.tokens_per_tp_group")(lambda: f"{summary()['tokens_per_fsdp_shard']:,}")
-fact("comm_accounting.n_chips")(lambda: f"{MESH.N}")
-fact("comm_accounting.y")(lambda: f"{MESH.Y}")
-fact("comm_accounting.tp_limit")(lambda: f"{CFG.d_ff * MESH.M_Y / summary()['alpha']:.1f}")
+def _state_is_several_dozen_h100s() -> bool:
+    D, F, L = 16384, 53248, 126  # the problem's XXL config, typed from the problem text
+    P = 2 * D * F * L
+    return (ca.n_params(CFG) == P and math.ceil(16 * P / 80e9) == ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)
+            and 24 <= math.ceil(16 * P / 80e9) <= 100)
+
+
+def _tp_hides_at_any_batch() -> bool:
+    """Y below F M_Y / alpha; the per-device batch the first whole token at or above alpha / (Y M_X)."""
+    alpha = 4.6e14 / 1.8e11  # C / W_ici of a TPU v5p, as the page states them
+    return MESH.Y < CFG.d_ff * MESH.M_Y / alpha and summary()["per_device_tokens"] == math.ceil(alpha / (MESH.Y * MESH.M_X))
+
+
+register("comm_accounting", facts={
+    "params": lambda: f"{ca.n_params(CFG):,}",
+    "state_tb": lambda: f"{ca.state_bytes(CFG) / 1e12:.2f}",
+    "h100s": lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)}",
+    "h100s_gib": lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.Accelerator('80 GiB', 80 * 2**30))}",
+    "act_mb_per_token": lambda: f"{ca.activation_bytes_per_token(CFG) / 1e6:.1f}",
+    "v5p_gb": lambda: f"{ca.TPU_V5P.memory_bytes / GB:.0f}",
+    "n_fsdp_state": lambda: f"{ca.n_fsdp_required(CFG, ca.TPU_V5P)}",
+    "tokens_until_overflow": lambda: f"{tokens_until_overflow():,.0f}",
+    "c_flops": lambda: f"{ca.TPU_V5P.flops:.2g}".replace("e+", " \\cdot 10^{") + "}",
+    "w_ici": lambda: f"{ca.TPU_V5P.ici_bandwidth:.2g}".replace("e+", " \\cdot 10^{") + "}",
+    "alpha": lambda: f"{summary()['alpha']:.0f}",
+    "per_device_exact": lambda: f"{summary()['per_device_exact']:.1f}",
+    "per_device_tokens": lambda: f"{summary()['per_device_tokens']}",
+    "global_batch": lambda: f"{summary()['global_batch_tokens']:,}",
+    "tokens_per_tp_group": lambda: f"{summary()['tokens_per_fsdp_shard']:,}",
+    "n_chips": lambda: f"{MESH.N}",
+    "y": lambda: f"{MESH.Y}",
+    "tp_limit": lambda: f"{CFG.d_ff * MESH.M_Y / summary()['alpha']:.1f}",
+}, tables={"memory": xxl_memory_table, "n_fsdp": n_fsdp_table, "compute_bound": compute_bound_table,
+           "batch_reduction": batch_reduction_table}, claims={
+    "state_is_several_dozen_h100s": _state_is_several_dozen_h100s,
+    # one device fewer does not fit
+    "n_fsdp_is_tight": lambda: ca.fsdp_bytes_per_device(CFG, ca.n_fsdp_required(CFG, ca.TPU_V5P)) <= 95e9
+    < ca.fsdp_bytes_per_device(CFG, ca.n_fsdp_required(CFG, ca.TPU_V5P) - 1),
+    # one division: equal to rounding
+    "activations_overflow_past_a_token_count": lambda: abs(ca.activation_bytes_per_token(CFG) * tokens_until_overflow() / 2 / 95e9 - 1) < 1e-12,
+    "tensor_parallelism_hides_at_any_batch": _tp_hides_at_any_batch,
+})

@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 
 from cs336_systems.bench.store import REPO_ROOT
-from report.flash import IMPL_NAMES, MODE_WORDS, headline_run, leaderboard_rows, register
-from report.results import load_results, markdown_table, provenance_line
+from report.flash import IMPL_NAMES, MODE_WORDS, headline_run, leaderboard_rows
+from report.registry import register
+from report.results import load_results, markdown_table, newest, provenance_line
 
 AB_BENCH = "attention/dkdv_ab"
 HOST_BENCH = "attention/host_overhead"
@@ -118,7 +119,7 @@ PROBE_MODES = {"atomics": "per-thread atomics", "tma": "TMA bulk reductions", "s
 def probe_rows() -> pd.DataFrame:
     """The newest row of each (mode, tiles, shape) cell of `reduce_probe`."""
     df = load_results(PROBE_BENCH, status="ok")
-    return df.drop_duplicates(["mode", "block_m", "block_n", "bh", "seq", "d"], keep="last")
+    return newest(df, ["mode", "block_m", "block_n", "bh", "seq", "d"])
 
 
 def probe_table() -> str:
@@ -316,54 +317,104 @@ def _lb_at(git: str, col: str) -> float:
 
 FACTS = {
     # the dK/dV A/B run (ab_dkdv), at the tuned tiling
-    "flash.ab_fixed_ms": (lambda: ab_median("fixeddiag", TILED, False, True), ".3f"),
-    "flash.ab_bounded_ms": (lambda: ab_median("rtdiag", TILED, False, True), ".3f"),
-    "flash.ab_fixed_slower": (lambda: ab_median("fixeddiag", TILED, False, True) / ab_median("rtdiag", TILED, False, True) - 1, ".0%"),
-    "flash.ab_best_ms": (lambda: ab_median("rtdiag", TILED, True, True), ".3f"),
-    "flash.ab_old_ms": (lambda: ab_median("old", TILED, False, False), ".3f"),
-    "flash.ab_best_gain": (lambda: 1 - ab_median("rtdiag", TILED, True, True) / ab_median("old", TILED, False, False), ".1%"),
-    "flash.ab_no_tail_gain_tma": (lambda: 1 - ab_median("rtdiag", TILED, True, True) / ab_median("rtdiag", TILED, True, False), ".1%"),
-    "flash.ab_no_tail_gain_ptr": (lambda: 1 - ab_median("rtdiag", TILED, False, True) / ab_median("rtdiag", TILED, False, False), ".1%"),
+    "ab_fixed_ms": lambda: f'{ab_median("fixeddiag", TILED, False, True):.3f}',
+    "ab_bounded_ms": lambda: f'{ab_median("rtdiag", TILED, False, True):.3f}',
+    "ab_fixed_slower": lambda: f'{ab_median("fixeddiag", TILED, False, True) / ab_median("rtdiag", TILED, False, True) - 1:.0%}',
+    "ab_best_ms": lambda: f'{ab_median("rtdiag", TILED, True, True):.3f}',
+    "ab_old_ms": lambda: f'{ab_median("old", TILED, False, False):.3f}',
+    "ab_best_gain": lambda: f'{1 - ab_median("rtdiag", TILED, True, True) / ab_median("old", TILED, False, False):.1%}',
+    "ab_no_tail_gain_tma": lambda: f'{1 - ab_median("rtdiag", TILED, True, True) / ab_median("rtdiag", TILED, True, False):.1%}',
+    "ab_no_tail_gain_ptr": lambda: f'{1 - ab_median("rtdiag", TILED, False, True) / ab_median("rtdiag", TILED, False, False):.1%}',
     # before the three changes (df107f5) and with the fix (fa87602): tuner and leaderboard
-    **{f"flash.fix_{when}_{name}": (lambda g=g, c=c: _history(g, c), ".3f")
+    **{f"fix_{when}_{name}": lambda g=g, c=c: f"{_history(g, c):.3f}"
        for when, g in (("before", "df107f5"), ("after", "fa87602"))
        for name, c in (("launch", "two passes, one launch"), ("dkdv", "dK/dV pass"), ("dq", "dQ pass"))},
-    **{f"flash.fix_{when}_lb_{name}": (lambda g=g, c=c: _lb_at(g, c), ".3f")
+    **{f"fix_{when}_lb_{name}": lambda g=g, c=c: f"{_lb_at(g, c):.3f}"
        for when, g in (("before", "df107f5"), ("after", "fa87602")) for name, c in (("ms", "mean_ms"), ("speedup", "speed_vs_cudnn"))},
     # the one-pass kernel's ablations (ab_onepass) and the adds alone (reduce_probe)
-    "flash.op_base_ms": (lambda: onepass_ab_median("no_dq", TILED, True), ".3f"),
-    "flash.op_share_ms": (lambda: onepass_ab_median("no_add", TILED, True) - onepass_ab_median("no_dq", TILED, True), ".2f"),
-    "flash.op_no_add_ms": (lambda: onepass_ab_median("no_add", TILED, True), ".2f"),
-    "flash.op_full_ms": (lambda: onepass_ab_median("full", TILED, True), ".2f"),
-    "flash.op_add_tma_ms": (lambda: _add(TILED, True), ".2f"),
-    "flash.op_add_ptr_ms": (lambda: _add(TILED, False), ".2f"),
-    "flash.op_add_wide_ms": (lambda: _add(WIDE, True), ".2f"),
-    "flash.op_dq_share_total_ms": (lambda: onepass_ab_median("full", TILED, True) - onepass_ab_median("no_dq", TILED, True), ".2f"),
-    "flash.op_upper_bound_gain": (lambda: 1 - onepass_ab_median("no_add", TILED, True) / _best_two_pass(), ".0%"),
-    "flash.op_two_pass_ms": (_best_two_pass, ".2f"),
-    "flash.probe_gb": (lambda: probe_rows().query("block_m == 64 and block_n == 64").gbytes.iloc[0], ".1f"),
-    "flash.probe_tma_ms": (lambda: probe_ms("tma", 64, 64), ".2f"),
-    "flash.probe_tma_wide_ms": (lambda: probe_ms("tma", 64, 128), ".2f"),
-    "flash.probe_store_ms": (lambda: probe_ms("store", 64, 64), ".2f"),
-    "flash.probe_overlap": (lambda: 1 - _add(TILED, True) / probe_ms("tma", 64, 64), ".0%"),
-    "flash.probe_overlap_wide": (lambda: 1 - _add(WIDE, True) / probe_ms("tma", 64, 128), ".0%"),
+    "op_base_ms": lambda: f'{onepass_ab_median("no_dq", TILED, True):.3f}',
+    "op_share_ms": lambda: f'{onepass_ab_median("no_add", TILED, True) - onepass_ab_median("no_dq", TILED, True):.2f}',
+    "op_no_add_ms": lambda: f'{onepass_ab_median("no_add", TILED, True):.2f}',
+    "op_add_tma_ms": lambda: f"{_add(TILED, True):.2f}",
+    "op_add_ptr_ms": lambda: f"{_add(TILED, False):.2f}",
+    "op_add_wide_ms": lambda: f"{_add(WIDE, True):.2f}",
+    "op_dq_share_total_ms": lambda: f'{onepass_ab_median("full", TILED, True) - onepass_ab_median("no_dq", TILED, True):.2f}',
+    "op_upper_bound_gain": lambda: f'{1 - onepass_ab_median("no_add", TILED, True) / _best_two_pass():.0%}',
+    "op_two_pass_ms": lambda: f"{_best_two_pass():.2f}",
+    "probe_gb": lambda: f'{probe_rows().query("block_m == 64 and block_n == 64").gbytes.iloc[0]:.1f}',
+    "probe_tma_ms": lambda: f'{probe_ms("tma", 64, 64):.2f}',
+    "probe_tma_wide_ms": lambda: f'{probe_ms("tma", 64, 128):.2f}',
+    "probe_store_ms": lambda: f'{probe_ms("store", 64, 64):.2f}',
+    "probe_overlap": lambda: f'{1 - _add(TILED, True) / probe_ms("tma", 64, 64):.0%}',
+    "probe_overlap_wide": lambda: f'{1 - _add(WIDE, True) / probe_ms("tma", 64, 128):.0%}',
     # the host (host_overhead)
-    "flash.host_fwd_compiled_us": (lambda: host_us("ours: forward (torch.compile"), ".0f"),
-    "flash.host_dynamo_us": (lambda: host_us("ours: forward (torch.compile") - host_us("ours: forward (Fn.apply"), ".0f"),
-    "flash.host_cudnn_fwd_us": (lambda: host_us("cudnn: forward"), ".0f"),
-    "flash.host_fwd_gap_us": (lambda: host_us("ours: forward (torch.compile") - host_us("cudnn: forward"), ".0f"),
-    "flash.host_step_ms": (lambda: host_us("ours: forward+backward") / 1e3, ".2f"),
-    "flash.host_cudnn_step_ms": (lambda: host_us("cudnn: forward+backward") / 1e3, ".2f"),
-    "flash.host_tma_extra_us": (tma_launch_extra_us, ".0f"),
+    "host_fwd_compiled_us": lambda: f'{host_us("ours: forward (torch.compile"):.0f}',
+    "host_dynamo_us": lambda: f'{host_us("ours: forward (torch.compile") - host_us("ours: forward (Fn.apply"):.0f}',
+    "host_cudnn_fwd_us": lambda: f'{host_us("cudnn: forward"):.0f}',
+    "host_fwd_gap_us": lambda: f'{host_us("ours: forward (torch.compile") - host_us("cudnn: forward"):.0f}',
+    "host_step_ms": lambda: f'{host_us("ours: forward+backward") / 1e3:.2f}',
+    "host_cudnn_step_ms": lambda: f'{host_us("cudnn: forward+backward") / 1e3:.2f}',
+    "host_tma_extra_us": lambda: f"{tma_launch_extra_us():.0f}",
     # the clocks recorded with the headline run's rows
-    "flash.clock_w": (lambda: _clock("ours", "fwd_bwd", "power_w_median"), ".0f"),
-    **{f"flash.clock_{impl}_{mode}_mhz": (lambda i=impl, m=mode: _clock(i, m), ".0f")
+    "clock_w": lambda: f'{_clock("ours", "fwd_bwd", "power_w_median"):.0f}',
+    **{f"clock_{impl}_{mode}_mhz": lambda i=impl, m=mode: f"{_clock(i, m):.0f}"
        for impl in ("ours", "cudnn") for mode in ("fwd", "fwd_bwd")},
-    "flash.clock_others_min_mhz": (lambda: clock_fields().query("impl not in ['ours', 'cudnn']").sm_mhz_median.min(), ".0f"),
-    "flash.clock_equal_fwd_speedup": (_equal_clock_fwd_speedup, ".2f"),
+    "clock_others_min_mhz": lambda: format(clock_fields().query("impl not in ['ours', 'cudnn']").sm_mhz_median.min(), ".0f"),
+    "clock_equal_fwd_speedup": lambda: f"{_equal_clock_fwd_speedup():.2f}",
     # the tuner's noise
-    **{f"flash.noise_{k}": (lambda k=k: tuner_noise()[k], f) for k, f in (
+    **{f"noise_{k}": lambda k=k, f=f: format(tuner_noise()[k], f) for k, f in (
         ("first", "s"), ("second", "s"), ("first_git", "s"), ("second_git", "s"), ("first_tma", ".3f"),
         ("second_tma", ".3f"), ("first_ptr", ".3f"), ("second_ptr", ".3f"), ("mhz_min", ".0f"), ("mhz_max", ".0f"))},
 }
-register(FACTS)
+
+
+def _adds_cost_more_than_the_dq_pass() -> bool:
+    """Computing and adding dQ's shares inside one pass costs more than the whole dQ pass; 128-key
+    tiles (half the shares) do not make the add cheaper; atomics cost more than bulk reductions."""
+    from report.flash_tuning import ONEPASS_TMA, newest_with
+
+    total = onepass_ab_median("full", TILED, True) - onepass_ab_median("no_dq", TILED, True)
+    return (total > newest_with(ONEPASS_TMA)["dQ pass"] and _add(WIDE, True) >= _add(TILED, True)
+            and _add(TILED, False) > _add(TILED, True))
+
+
+def _host_runs_ahead() -> bool:
+    from report.flash import lb
+
+    return (host_us("ours: forward+backward") / 1e3 < lb("ours", "fwd_bwd") and lb("ours", "fwd") <= lb("cudnn", "fwd")
+            and host_us("ours: forward (torch.compile") > host_us("cudnn: forward") and tma_launch_extra_us() > 0)
+
+
+def _lower_clock_at_the_power_limit() -> bool:
+    others = clock_fields().query("impl not in ['ours', 'cudnn']").sm_mhz_median
+    return (all(_clock("ours", m) < _clock("cudnn", m) for m in ("fwd", "fwd_bwd"))
+            and others.min() >= max(_clock("cudnn", "fwd"), _clock("cudnn", "fwd_bwd")))
+
+
+def _probe_traffic_costs() -> bool:
+    """Plain stores of the same bytes take over half the rest of the kernel's time; the adds overlap
+    the kernel partly (a fraction between 0 and 1), less with wide tiles."""
+    o = 1 - _add(TILED, True) / probe_ms("tma", 64, 64)
+    wide = 1 - _add(WIDE, True) / probe_ms("tma", 64, 128)
+    return probe_ms("store", 64, 64) > 0.5 * onepass_ab_median("no_add", TILED, True) and 0 < wide < o < 1
+
+
+register("flash", facts=FACTS, tables={
+    "ab": ab_table, "onepass_ab": onepass_ab_table, "probe": probe_table, "host": host_table,
+    "clock_fields": clock_fields_table, "leaderboard_clocks": leaderboard_clock_table,
+}, claims={
+    "fixed_trip_count_was_the_regression": lambda: ab_median("fixeddiag", TILED, False, True) > ab_median("rtdiag", TILED, False, True),
+    "tma_and_no_tail_beat_the_old_file": lambda: ab_median("rtdiag", TILED, True, True)
+    < min(ab_median("old", TILED, False, False), ab_median("rtdiag", TILED, True, False)),
+    # under 1% either way: below the rounds' spread
+    "tail_matters_only_with_tma": lambda: abs(ab_median("rtdiag", TILED, False, True) / ab_median("rtdiag", TILED, False, False) - 1) < 0.01,
+    "fix_gained_more_in_the_dq_pass": lambda: _history("fa87602", "dQ pass") / _history("df107f5", "dQ pass")
+    < _history("fa87602", "dK/dV pass") / _history("df107f5", "dK/dV pass") < 1
+    and _lb_at("fa87602", "mean_ms") < _lb_at("df107f5", "mean_ms"),
+    "adds_cost_more_than_the_dq_pass": _adds_cost_more_than_the_dq_pass,
+    "probe_traffic_is_a_cost_of_its_own": _probe_traffic_costs,
+    "host_runs_ahead_of_the_gpu": _host_runs_ahead,
+    "lower_clock_at_the_power_limit": _lower_clock_at_the_power_limit,
+    "tuner_candidates_swapped_places": lambda: (lambda n: (n["first_tma"] < n["first_ptr"]) != (n["second_tma"] < n["second_ptr"]))(tuner_noise()),
+    "one_pass_upper_bound_is_a_gain": lambda: onepass_ab_median("no_add", TILED, True) < _best_two_pass(),
+})

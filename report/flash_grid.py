@@ -24,9 +24,10 @@ from cs336_systems.attention.fast.table import (
 )
 from cs336_systems.attention.fast.tuned_configs import TUNED
 from report import gpu_tests
-from report.flash import MODE_WORDS, register
+from report.flash import MODE_WORDS
 from report.flash_ab import HOST_BENCH
-from report.results import REPO_ROOT, format_value, load_results, markdown_table, provenance_line
+from report.registry import register
+from report.results import REPO_ROOT, format_value, load_results, markdown_table, newest, provenance_line
 
 GRID_BENCH = "attention/flash_grid"
 SOURCE = f"results/{GRID_BENCH}/nvidia-h200.jsonl"
@@ -37,44 +38,50 @@ LONG = 8192  # the page's "long sequences" start here
 IMPL_WORDS = {"ours": "ours", "cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2 CUDA)", "flex": "flex_attention"}
 
 
-def grid_rows(status: str | None = "ok") -> pd.DataFrame:
-    """The sweep's rows with the cell's columns in words: mask ("causal"/"full"), "batch x heads".
-    A cell measured again (`--remeasure`, after a new table) counts by its newest row."""
-    df = load_results(GRID_BENCH)
-    df = df.sort_values("time_utc", kind="stable").drop_duplicates(list(GRID_KEY), keep="last")
-    if status is not None:
-        df = df[df["status"] == status]
+def _in_words(df: pd.DataFrame) -> pd.DataFrame:
+    """The cell's columns in words: mask ("causal"/"full"), "batch x heads"."""
     return df.assign(mask=df.causal.map({True: "causal", False: "full"}),
                      **{"batch x heads": [f"{b} x {h}" for b, h in zip(df.batch, df.heads)]})
 
 
-def newest_git() -> str:
-    """The code of the grid's newest run (the git of its newest row)."""
+def grid_rows(status: str | None = "ok") -> pd.DataFrame:
+    """The sweep's newest row per cell (`--remeasure` after a new table adds rows), in words."""
+    df = newest(load_results(GRID_BENCH), GRID_KEY)
+    return _in_words(df if status is None else df[df["status"] == status])
+
+
+def newest_git(d: int | None = None) -> str:
+    """The code of the grid's newest run (the git of its newest row), or of the newest that measured
+    ours at head dim d (d = 128 was measured again alone, with its own kernels)."""
     df = grid_rows()
+    if d is not None:
+        df = df[(df.d == d) & (df.impl == "ours")]
     return str(df.loc[df.time_utc.idxmax(), "git"])
 
 
+def _current(git: pd.Series, d: pd.Series) -> pd.Series:
+    """Whether each row is from its head dim's newest version of ours."""
+    return pd.Series([g == newest_git(int(x)) for g, x in zip(git, d)], index=git.index)
+
+
 def earlier_cells() -> pd.Index:
-    """Cells whose newest row of ours is from an earlier run than the newest (index as speeds())."""
+    """Cells whose newest row of ours is from an earlier run than its head dim's newest (index as speeds())."""
     df = grid_rows()
-    ours = df[(df.impl == "ours") & (df["mode"] == "fwd_bwd")].set_index(CELL)
-    return ours[ours.git != newest_git()].index.sort_values()
+    ours = df[(df.impl == "ours") & (df["mode"] == "fwd_bwd")]
+    return ours[~_current(ours.git, ours.d)].set_index(CELL).index.sort_values()
 
 
 
 def run_gits() -> list[str]:
     """The grid runs' code, oldest first (the first: the table before the grid's keys were tuned)."""
     df = load_results(GRID_BENCH, status="ok")
-    return list(df.sort_values("time_utc").drop_duplicates("git").git)
+    return list(newest(df, ["git"], keep="first").git)
 
 
 def run_speeds(git: str, mode: str = "fwd_bwd", what: str = "speed_vs_cudnn") -> pd.Series:
     """Ours' speed vs cuDNN (or `what`: median_ms) per cell in the rows of one run's code."""
     df = load_results(GRID_BENCH, status="ok")
-    df = df[(df.git == git) & (df.impl == "ours") & (df["mode"] == mode)].sort_values("time_utc", kind="stable")
-    df = df.drop_duplicates(list(GRID_KEY), keep="last")
-    df = df.assign(mask=df.causal.map({True: "causal", False: "full"}),
-                   **{"batch x heads": [f"{b} x {h}" for b, h in zip(df.batch, df.heads)]})
+    df = _in_words(newest(df[(df.git == git) & (df.impl == "ours") & (df["mode"] == mode)], GRID_KEY))
     return df.set_index(CELL)[what].astype(float).sort_index()
 
 
@@ -136,11 +143,12 @@ def speed_table(impl: str = "ours", mode: str = "fwd_bwd") -> str:
     # writes one such row when either mode fails.
     failed = df[df.status != "ok"].set_index(CELL).status.str.upper()
     ok = df[(df.status == "ok") & (df["mode"] == mode)].set_index(CELL)
-    # † marks a cell whose row is from the earlier run (the newest run stopped before it)
-    shown = pd.Series([format_value(float(v), ".2f") + ("" if g == newest_git() else " †")
-                       for v, g in zip(ok.speed_vs_cudnn, ok.git)], index=ok.index, dtype=object)
+    # † marks a cell whose row is from an earlier run than its head dim's newest (a run stopped before it)
+    current = _current(ok.git, ok.index.get_level_values("d").to_series(index=ok.index))
+    shown = pd.Series([format_value(float(v), ".2f") + ("" if c else " †")
+                       for v, c in zip(ok.speed_vs_cudnn, current)], index=ok.index, dtype=object)
     shown = pd.concat([shown, failed[~failed.index.isin(shown.index)]])
-    earlier = sorted(set(ok.git) - {newest_git()})
+    earlier = sorted(set(ok.git[~current]))
     return (markdown_table(_by_seq(shown.sort_index()))
             + "\n\n" + provenance_line(df[df.git.isin(set(ok.git))], SOURCE)
             + f" *{IMPL_WORDS[impl]}, {MODE_WORDS[mode]}: cuDNN's time over this implementation's, same run;"
@@ -179,7 +187,7 @@ def plan_label(kind: str, d: int, causal: bool, n_bh: int, seq: int) -> str:
     if entry is None:
         return "heuristic tiles"
     used = next(s for s in SIZE_FALLBACK[size] if table_key(torch.bfloat16, d, causal, s) in TUNED[kind])
-    gluon = entry.get("gluon_ws") and d == 64  # the Gluon kernels take head dim 64 only (fast/gluon/)
+    gluon = entry.get("gluon_ws") and d in (64, 128)  # the head dims the Gluon kernels take (fast/gluon/)
     return f"{used}, {'Gluon' if gluon else 'Triton'}"
 
 
@@ -226,11 +234,15 @@ def _at(s: pd.Series, **where) -> pd.Series:
     return s
 
 
-def long_range(mode: str, **where) -> pd.Series:
-    """Ours' speed vs cuDNN in the cells with seq >= LONG (and the levels given)."""
-    s = _at(speeds("ours", mode), **where)
+def _long(s: pd.Series, **where) -> pd.Series:
+    """The cells with seq >= LONG (and the levels given)."""
+    s = _at(s, **where)
     return s[s.index.get_level_values("seq") >= LONG]
 
+
+def long_range(mode: str, **where) -> pd.Series:
+    """Ours' speed vs cuDNN in the long cells (and the levels given)."""
+    return _long(speeds("ours", mode), **where)
 
 
 def beats(impl: str, mode: str = "fwd_bwd") -> pd.Series:
@@ -248,8 +260,13 @@ def beats_from(impl: str, mode: str = "fwd_bwd") -> int:
 
 
 
-def step(impl: str, mode: str) -> float:
-    return float(times(impl, mode).loc[tuple(STEP_CELL[c] for c in CELL)])
+def step(impl: str, mode: str, git: str | None = None) -> float:
+    """Median ms at the step's cell: the grid's newest row, or the newest of the run of code `git`."""
+    if git is None:
+        return float(times(impl, mode).loc[tuple(STEP_CELL[c] for c in CELL)])
+    df = load_results(GRID_BENCH, status="ok")
+    df = _in_words(newest(df[(df.git == git) & (df.impl == impl) & (df["mode"] == mode)], GRID_KEY))
+    return float(df.set_index(CELL).median_ms.astype(float).loc[tuple(STEP_CELL[c] for c in CELL)])
 
 
 def step_backward_ms(impl: str) -> float:
@@ -259,58 +276,57 @@ def step_backward_ms(impl: str) -> float:
 
 
 
-FACTS = {  # name -> (function of nothing, format)
-    "flash.grid_cells": (lambda: len(speeds()), "d"),
-    "flash.grid_met_fwd_bwd": (lambda: len(met("fwd_bwd")), "d"),
-    "flash.grid_met_fwd": (lambda: len(met("fwd")), "d"),
-    "flash.grid_worst_fwd_bwd": (lambda: speeds().min(), ".2f"),
-    "flash.grid_worst_fwd_bwd_cell": (lambda: cell_words(speeds().idxmin()), ""),
-    "flash.grid_beats_flash_from": (lambda: f"{beats_from('flash'):,}", ""),
-    "flash.grid_beats_flex_32k": (lambda: int(beats('flex').loc[32768].sum()), "d"),
-    "flash.grid_flex_32k_cells": (lambda: len(beats('flex').loc[32768]), "d"),
-    "flash.grid_long_d128_full_min": (lambda: long_range("fwd_bwd", d=128, mask="full").min(), ".2f"),
-    "flash.grid_long_d128_full_max": (lambda: long_range("fwd_bwd", d=128, mask="full").max(), ".2f"),
-    "flash.grid_step_fwd_bwd": (lambda: step("cudnn", "fwd_bwd") / step("ours", "fwd_bwd"), ".2f"),
-    "flash.grid_step_fwd": (lambda: step("cudnn", "fwd") / step("ours", "fwd"), ".2f"),
-    "flash.grid_step_ours_ms": (lambda: step("ours", "fwd_bwd"), ".1f"),
-    "flash.grid_step_cudnn_ms": (lambda: step("cudnn", "fwd_bwd"), ".1f"),
-    "flash.grid_step_ours_bwd_ms": (lambda: step_backward_ms("ours"), ".1f"),
-    "flash.grid_step_cudnn_bwd_ms": (lambda: step_backward_ms("cudnn"), ".1f"),
-    "flash.grid_d128_tuned_at": (lambda: tuned_at(table_key(torch.bfloat16, 128, True, "large")), ""),
-    "flash.grid_new_git": (newest_git, ""),
-    "flash.gpu_now_git": (lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]), ""),
-    **{f"flash.gpu_now_{k.lower()}": (lambda k=k: gpu_tests.counts()[k], "d")
-       for k in ("PASSED", "SKIPPED", "total")},
-    "flash.grid_long_d64_full_min": (lambda: long_range("fwd_bwd", d=64, mask="full").min(), ".2f"),
-    "flash.grid_long_d64_full_max": (lambda: long_range("fwd_bwd", d=64, mask="full").max(), ".2f"),
-    "flash.grid_long_d128_min": (lambda: long_range("fwd_bwd", d=128).min(), ".2f"),
-    "flash.grid_long_d128_max": (lambda: long_range("fwd_bwd", d=128).max(), ".2f"),
-    "flash.grid_long_d64_min": (lambda: long_range("fwd_bwd", d=64).min(), ".2f"),
-    "flash.grid_first_git": (lambda: run_gits()[0], ""),
-    "flash.grid_long_d64_full_before_min": (lambda: _long(run_speeds(run_gits()[0]), d=64, mask="full").min(), ".2f"),
-    "flash.grid_long_d64_full_before_max": (lambda: _long(run_speeds(run_gits()[0]), d=64, mask="full").max(), ".2f"),
-    "flash.grid_long_d128_full_before_min": (lambda: _long(run_speeds(run_gits()[0]), d=128, mask="full").min(), ".2f"),
-    "flash.grid_long_d128_full_before_max": (lambda: _long(run_speeds(run_gits()[0]), d=128, mask="full").max(), ".2f"),
-    "flash.grid_step_two_pass_ms": (lambda: tuned_best_ms(STEP_KEY, "dkdv") + tuned_best_ms(STEP_KEY, "dq"), ".1f"),
-    "flash.grid_step_one_pass_ms": (lambda: tuned_best_ms(STEP_KEY, "onepass"), ".1f"),
-    "flash.grid_short_cells": (lambda: len(short_cells_across_runs()), "d"),
-    "flash.grid_short_min_ms": (lambda: short_cells_across_runs().min().min(), ".2f"),
-    "flash.grid_short_max_ms": (lambda: short_cells_across_runs().max().max(), ".2f"),
-    "flash.grid_short_below_ms": (lambda: SHORT_MS, ".1f"),
-    "flash.grid_short_spread": (lambda: short_spread().max(), ".1f"),
-    "flash.grid_sweeps": (lambda: grid_sweeps(), "d"),
-    "flash.grid_host_runs": (lambda: len(host_runs(EAGER_STEP)), "d"),
-    "flash.grid_profile_total_s": (lambda: profile_seconds()["total"], ".3f"),
-    "flash.grid_profile_step_us": (lambda: profile_seconds()["total"] / profile_header()["steps"] * 1e6, ".0f"),
-    "flash.grid_profile_unprofiled_us": (lambda: profiled_call_step_us(), ".0f"),
-    "flash.grid_profile_engine_s": (lambda: profile_seconds()["engine_own"], ".3f"),
-    "flash.grid_profile_dispatch_s": (lambda: profile_seconds()["dispatch_cum"], ".3f"),
-    "flash.grid_short_spread_cell": (lambda: cell_words(short_spread().idxmax()), ""),
-    "flash.grid_host_step_min_us": (lambda: host_runs(EAGER_STEP).min(), ".0f"),
-    "flash.grid_host_step_max_us": (lambda: host_runs(EAGER_STEP).max(), ".0f"),
-    "flash.grid_host_cudnn_min_us": (lambda: host_runs(CUDNN_STEP).min(), ".0f"),
-    "flash.grid_host_cudnn_max_us": (lambda: host_runs(CUDNN_STEP).max(), ".0f"),
-    **{f"flash.grid_gluon_{kind}_{way}_us": (lambda kind=kind, way=way: gluon_launch_us(kind, way), ".0f")
+FACTS = {
+    "grid_cells": lambda: len(speeds()),
+    "grid_met_fwd_bwd": lambda: len(met("fwd_bwd")),
+    "grid_met_fwd": lambda: len(met("fwd")),
+    "grid_worst_fwd_bwd": lambda: f"{speeds().min():.2f}",
+    "grid_worst_fwd_bwd_cell": lambda: cell_words(speeds().idxmin()),
+    "grid_beats_flash_from": lambda: f"{beats_from('flash'):,}",
+    "grid_beats_flex_32k": lambda: int(beats('flex').loc[32768].sum()),
+    "grid_flex_32k_cells": lambda: len(beats('flex').loc[32768]),
+    "grid_long_d128_full_min": lambda: f'{long_range("fwd_bwd", d=128, mask="full").min():.2f}',
+    "grid_long_d128_full_max": lambda: f'{long_range("fwd_bwd", d=128, mask="full").max():.2f}',
+    "grid_step_fwd_bwd": lambda: f'{step("cudnn", "fwd_bwd") / step("ours", "fwd_bwd"):.2f}',
+    "grid_step_fwd": lambda: f'{step("cudnn", "fwd") / step("ours", "fwd"):.2f}',
+    "grid_step_ours_bwd_ms": lambda: f'{step_backward_ms("ours"):.1f}',
+    "grid_step_cudnn_bwd_ms": lambda: f'{step_backward_ms("cudnn"):.1f}',
+    "grid_d64_git": lambda: newest_git(64),
+    "grid_d128_git": lambda: newest_git(128),
+    "grid_d128_sweeps": lambda: grid_sweeps(grid_rows().query("d == 128 and impl in ['ours', 'cudnn']")),
+    "grid_sweeps_d64": lambda: grid_sweeps(grid_rows().query("d == 64 or impl in ['flash', 'flex']")),
+    "grid_long_d128_fwd_min": lambda: f'{long_range("fwd", d=128).min():.2f}',
+    "grid_long_d128_fwd_max": lambda: f'{long_range("fwd", d=128).max():.2f}',
+    "grid_step_ws_ms": lambda: f'{tuned_best_ms(STEP_KEY, "ws"):.1f}',
+    "gpu_now_git": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]),
+    **{f"gpu_now_{k.lower()}": lambda k=k: gpu_tests.counts()[k]
+       for k in ("PASSED", "SKIPPED")},
+    "grid_long_d64_full_min": lambda: f'{long_range("fwd_bwd", d=64, mask="full").min():.2f}',
+    "grid_long_d64_full_max": lambda: f'{long_range("fwd_bwd", d=64, mask="full").max():.2f}',
+    "grid_long_d128_min": lambda: f'{long_range("fwd_bwd", d=128).min():.2f}',
+    "grid_long_d128_max": lambda: f'{long_range("fwd_bwd", d=128).max():.2f}',
+    "grid_first_git": lambda: run_gits()[0],
+    "grid_long_d64_full_before_min": lambda: f'{_long(run_speeds(run_gits()[0]), d=64, mask="full").min():.2f}',
+    "grid_long_d64_full_before_max": lambda: f'{_long(run_speeds(run_gits()[0]), d=64, mask="full").max():.2f}',
+    "grid_long_d128_full_before_min": lambda: f'{_long(run_speeds(run_gits()[0]), d=128, mask="full").min():.2f}',
+    "grid_long_d128_full_before_max": lambda: f'{_long(run_speeds(run_gits()[0]), d=128, mask="full").max():.2f}',
+    "grid_short_cells": lambda: len(short_cells_across_runs()),
+    "grid_short_min_ms": lambda: f"{short_cells_across_runs().min().min():.2f}",
+    "grid_short_max_ms": lambda: f"{short_cells_across_runs().max().max():.2f}",
+    "grid_short_below_ms": lambda: f"{SHORT_MS:.1f}",
+    "grid_short_spread": lambda: f"{short_spread().max():.1f}",
+    "grid_host_runs": lambda: len(host_runs(EAGER_STEP)),
+    "grid_profile_total_s": lambda: f'{profile_seconds()["total"]:.3f}',
+    "grid_profile_step_us": lambda: f'{profile_seconds()["total"] / profile_header()["steps"] * 1e6:.0f}',
+    "grid_profile_unprofiled_us": lambda: f"{profiled_call_step_us():.0f}",
+    "grid_profile_engine_s": lambda: f'{profile_seconds()["engine_own"]:.3f}',
+    "grid_profile_dispatch_s": lambda: f'{profile_seconds()["dispatch_cum"]:.3f}',
+    "grid_short_spread_cell": lambda: cell_words(short_spread().idxmax()),
+    "grid_host_step_min_us": lambda: f"{host_runs(EAGER_STEP).min():.0f}",
+    "grid_host_step_max_us": lambda: f"{host_runs(EAGER_STEP).max():.0f}",
+    "grid_host_cudnn_min_us": lambda: f"{host_runs(CUDNN_STEP).min():.0f}",
+    "grid_host_cudnn_max_us": lambda: f"{host_runs(CUDNN_STEP).max():.0f}",
+    **{f"grid_gluon_{kind}_{way}_us": lambda kind=kind, way=way: f"{gluon_launch_us(kind, way):.0f}"
        for kind in ("fwd", "bwd") for way in ("dispatch", "direct")},
 }
 
@@ -327,10 +343,10 @@ def short_spread() -> pd.Series:
     return ms.max(axis=1) / ms.min(axis=1)
 
 
-def grid_sweeps() -> int:
-    """How many sweeps (separate invocations, one per GPU call) measured the newest code's cells:
-    rows more than 5 minutes apart start a new sweep."""
-    t = pd.to_datetime(grid_rows().time_utc).sort_values()
+def grid_sweeps(rows: pd.DataFrame | None = None) -> int:
+    """How many sweeps (separate invocations, one per GPU call) measured these rows (default: the
+    grid's): rows more than 5 minutes apart start a new sweep."""
+    t = pd.to_datetime((grid_rows() if rows is None else rows).time_utc).sort_values()
     return int((t.diff() > pd.Timedelta(minutes=5)).sum()) + 1
 
 
@@ -385,7 +401,154 @@ def tuned_best_ms(key: str, kernel: str) -> float:
     return float(t.groupby(t.config.astype(str)).ms.median().min())
 
 
-def _long(s: pd.Series, **where) -> pd.Series:
-    s = _at(s, **where)
-    return s[s.index.get_level_values("seq") >= LONG]
-register(FACTS)
+SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
+_levels = lambda s, level: s.index.get_level_values(level)
+
+
+def _every_cell_in_both_modes() -> bool:
+    """2 d x 2 masks x 2 batch x heads x 6 lengths, each with ours against cuDNN."""
+    return all(len(s) == 2 * 2 * 2 * len(SEQS) and s.notna().all() and sorted(set(_levels(s, "seq"))) == list(SEQS)
+               for s in (speeds("ours", m) for m in ("fwd", "fwd_bwd")))
+
+
+def _met_only_by_gluon() -> bool:
+    """The cells that meet the goal are long ones the Gluon kernels run: forward+backward only at
+    d = 64, the forward at both head dims."""
+    gluon = {"large, Gluon", "huge, Gluon"}
+    return (all(0 < len(met(m)) < len(speeds("ours", m)) and min(_levels(met(m), "seq")) >= LONG
+                and set(plans().loc[met(m).index].fwd) <= gluon for m in ("fwd", "fwd_bwd"))
+            and set(_levels(met("fwd_bwd"), "d")) == {64} and set(_levels(met("fwd"), "d")) == {64, 128})
+
+
+def _one_version_per_head_dim() -> bool:
+    """d = 64 (and SDPA-flash and flex everywhere): one code version, one day, in two sweeps, the
+    second measuring only cells the first had not; ours and cuDNN at d = 128: a later version, one
+    sweep. All on one H200."""
+    df = grid_rows()
+    first = df[(df.d == 64) | df.impl.isin(["flash", "flex"])]
+    again = df[(df.d == 128) & df.impl.isin(["ours", "cudnn"])]
+    t = pd.to_datetime(first.time_utc)
+    second = t >= t[t.sort_values().diff().idxmax()]
+    cells = lambda rows: set(map(tuple, rows[CELL].to_numpy().tolist()))
+    return (set(first.git) == {newest_git(64)} and set(again.git) == {newest_git(128)} != {newest_git(64)}
+            and len(first) + len(again) == len(df)
+            and all(part.time_utc.str[:10].nunique() == 1 for part in (first, again)) and set(df.device) == {"NVIDIA H200"}
+            and len(earlier_cells()) == 0 and grid_sweeps(first) == 2 and grid_sweeps(again) == 1
+            and cells(first[second]).isdisjoint(cells(first[~second])))
+
+
+def _short_sequences_furthest_behind() -> bool:
+    s = speeds()
+    return _levels(s[[s.idxmin()]], "seq")[0] <= 2048 and s[_levels(s, "seq") <= 2048].min() < s[_levels(s, "seq") >= 4096].min()
+
+
+def _tuner_shapes_as_described() -> bool:
+    """Non-causal keys at a shape of the grid (16 x 2,048 medium, 32 x 8,192 large) and the step's
+    own class, huge, searched widely."""
+    from cs336_systems.attention.fast.tuning.tune import tune_shapes
+
+    shapes = {s[0]: s for s in tune_shapes("grid")}
+    return (all(shapes[f"bf16-d{d}-full-medium"][1:3] == (16, 2048) and shapes[f"bf16-d{d}-full-large"][1:3] == (32, 8192)
+                for d in (64, 128))
+            and shapes["bf16-d128-causal-huge"][1:3] == (32, 32768) and bool(shapes["bf16-d128-causal-huge"][5])
+            and {"bf16-d64-full-large", "bf16-d128-causal-huge"} <= set(tuned_keys()))
+
+
+def _first_run_long(**where) -> pd.Series:
+    return _long(run_speeds(run_gits()[0]), **where)
+
+
+def _d128_forward_even_backward_behind() -> bool:
+    """Every long d = 128 cell: forward within 2% of cuDNN or faster, forward+backward behind; the
+    step's cell among them, its forward at least cuDNN's."""
+    return (long_range("fwd", d=128).min() > 0.98 and long_range("fwd_bwd", d=128).max() < 1
+            and step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd") and step("ours", "fwd") <= step("cudnn", "fwd"))
+
+
+def _non_causal_d64_now_even() -> bool:
+    before, after = _first_run_long(d=64, mask="full"), long_range("fwd_bwd", d=64, mask="full")
+    return (before.max() < 0.9 and after.min() > 0.98 and (after > before.reindex(after.index)).all()
+            and set(plans().loc[after.index].fwd) == {"large, Gluon"})
+
+
+def _step_backward_behind_gluon() -> bool:
+    """At the step's cell the backward alone is behind cuDNN's and its forward is not; both are the
+    Gluon kernels, which the tuner timed faster there than the best Triton backward."""
+    cell = tuple(STEP_CELL[c] for c in CELL)
+    return (step_backward_ms("cudnn") < step_backward_ms("ours") and step("ours", "fwd") <= step("cudnn", "fwd")
+            and plans().loc[cell, "bwd"] == "huge, Gluon" and plans().loc[cell, "fwd"] == "huge, Gluon"
+            and tuned_best_ms(STEP_KEY, "ws") < tuned_best_ms(STEP_KEY, "dkdv") + tuned_best_ms(STEP_KEY, "dq"))
+
+
+def _short_cells_set_by_the_host() -> bool:
+    """Whatever the shape: 16 times the work (seq 1,024 to 4,096, d 64, causal, 1 x 16) took less
+    than twice the time in every run; with the same table a cell moved by over 1.3x between runs."""
+    ms = short_cells_across_runs()
+    small, big = (ms.loc[(64, "causal", "1 x 16", n)].dropna() for n in (1024, 4096))
+    return (len(ms) >= 12 and ms.max().max() < 3 * ms.min().min() and (big < 2 * small).all()
+            and short_spread().max() > 1.3 and run_gits()[0] not in tuned_table_runs())
+
+
+def _host_step_did_not_move() -> bool:
+    """Ours' eager step above cuDNN's in every run and above some whole cells; skipping
+    torch.compiler.disable did not move it beyond the spread (10%)."""
+    ours, cudnn = host_runs(EAGER_STEP), host_runs(CUDNN_STEP)
+    git = load_results(HOST_BENCH, status="ok").drop_duplicates("run").set_index("run").git
+    before, after = ours[git[ours.index] != newest_git(64)], ours[git[ours.index] == newest_git(64)]
+    return (ours.min() > cudnn.max() and ours.min() / 1000 > times("ours", "fwd_bwd").min()
+            and len(before) >= 1 and len(after) >= 1 and after.min() > before.min() * 0.9)
+
+
+def _direct_launch_helped_the_backward_only() -> bool:
+    from cs336_systems.attention.fast.tuned_configs import TUNED
+
+    medium = [TUNED[kind]["bf16-d64-causal-medium"] for kind in ("fwd", "bwd")]
+    return (not any(e.get("gluon_ws") or e.get("one_pass") for e in medium)
+            and gluon_launch_us("bwd", "direct") < 0.85 * gluon_launch_us("bwd", "dispatch")
+            and gluon_launch_us("fwd", "direct") >= 0.95 * gluon_launch_us("fwd", "dispatch")
+            and len(host_runs("ours: Gluon forward launch, direct")) == 1)
+
+
+def _engine_first_by_own_time() -> bool:
+    """pstats rows: ncalls tottime percall cumtime percall filename:lineno(function), by tottime."""
+    text = PROFILE.read_text().splitlines()
+    rows = [line.split() for line in text if line.strip()[:1].isdigit() and "function calls" not in line]
+    s = profile_seconds()
+    return ("run_backward" in " ".join(rows[0]) and all(float(rows[0][1]) >= float(r[1]) for r in rows)
+            and s["engine_own"] == float(rows[0][1]) and s["dispatch_cum"] < s["total"])
+
+
+register("flash", facts=FACTS, tables={
+    "grid_ours_fwd_bwd": lambda: speed_table("ours", "fwd_bwd"), "grid_ours_fwd": lambda: speed_table("ours", "fwd"),
+    "grid_flash": lambda: speed_table("flash", "fwd_bwd"), "grid_flex": lambda: speed_table("flex", "fwd_bwd"),
+    "grid_plans": plans_table,
+}, figures={"grid": grid_figure}, claims={
+    "grid_states_every_cell": _every_cell_in_both_modes,
+    "goal_met_only_by_the_gluon_cells": _met_only_by_gluon,
+    "d128_forward_even_backward_behind": _d128_forward_even_backward_behind,
+    "d64_long_cells_within_2_percent": lambda: long_range("fwd_bwd", d=64).min() > 0.98,
+    "grid_is_one_version_per_head_dim": _one_version_per_head_dim,
+    "short_sequences_furthest_behind": _short_sequences_furthest_behind,
+    "ours_leads_flash_at_long_sequences": lambda: beats_from("flash") <= LONG
+    and beats("flash")[_levels(beats("flash"), "seq") >= beats_from("flash")].all(),
+    "ours_beats_flex_in_most_32k_cells": lambda: beats("flex").loc[32768].sum() > len(beats("flex").loc[32768]) / 2,
+    "tuner_shapes_as_described": _tuner_shapes_as_described,
+    "non_causal_d64_now_about_even": _non_causal_d64_now_even,
+    "non_causal_d128_improved_still_behind": lambda: _first_run_long(d=128, mask="full").max()
+    < long_range("fwd_bwd", d=128, mask="full").min() and long_range("fwd_bwd", d=128, mask="full").max() < 1
+    and set(plans().loc[long_range("fwd_bwd", d=128, mask="full").index].fwd) == {"large, Gluon"},
+    "step_backward_behind_gluon": _step_backward_behind_gluon,
+    "short_cells_set_by_the_host": _short_cells_set_by_the_host,
+    "host_step_did_not_move": _host_step_did_not_move,
+    "direct_launch_helped_the_backward_only": _direct_launch_helped_the_backward_only,
+    "engine_first_by_own_time": _engine_first_by_own_time,
+    "profiler_costs_its_own_time": lambda: profile_seconds()["total"] / profile_header()["steps"] * 1e6 > profiled_call_step_us(),
+    # the tests ran the grid's d = 128 version itself
+    "gpu_tests_ran_the_d128_grid_code": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]) == newest_git(128),
+    # the skips are the combinations the kernels do not take: fp32 tiles beyond shared memory, and
+    # causal with n_q != n_k in the Gluon backwards
+    "skips_are_untaken_combinations": lambda: {t.split("[")[0] for t in gpu_tests.outcomes().query("outcome == 'SKIPPED'").test}
+    <= {"tests/test_flash_attention.py::test_gpu_one_pass_backward", "tests/test_flash_attention.py::test_gpu_tma",
+        "tests/test_onepass_ws.py::test_gpu_gradients_match_the_reference",
+        "tests/test_bwd128_ws.py::test_gpu_gradients_match_the_reference"},
+})

@@ -10,8 +10,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from report.figures import plt  # the site's figure backend (Agg), set before anything draws
-from report.flash import MODE_WORDS, register
-from report.results import load_results, markdown_table, provenance_line
+from report.flash import MODE_WORDS, _lb_fwd_margin
+from report.registry import register
+from report.results import load_results, markdown_table, newest, provenance_line, source
 
 SWEEP_BENCH = "attention/flash_sweep"
 SWEEP_NAMES = {"triton": "ours Triton", "pytorch": "ours PyTorch", "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}
@@ -23,11 +24,7 @@ COLORS = {"triton": "C0", "pytorch": "C1", "naive": "C2", "sdpa": "C3"}  # fixed
 
 def sweep_rows() -> pd.DataFrame:
     """One row per cell: the newest."""
-    return load_results(SWEEP_BENCH).drop_duplicates(SWEEP_CELL, keep="last").reset_index(drop=True)
-
-
-def _source(df: pd.DataFrame) -> str:
-    return provenance_line(df, f"results/{SWEEP_BENCH}/nvidia-h200.jsonl")
+    return newest(load_results(SWEEP_BENCH), SWEEP_CELL).reset_index(drop=True)
 
 
 def _cell_text(r: dict) -> str:
@@ -46,7 +43,7 @@ def sweep_table(dtype: str, mode: str) -> str:
     impls = [i for i in SWEEP_NAMES if i in set(df.impl)]
     rows = [{"d": d, "seq": n, **{SWEEP_NAMES[i]: cells.get((d, n, i), "not run") for i in impls}}
             for d in sorted(set(df.d)) for n in sorted(set(df.seq))]
-    return markdown_table(pd.DataFrame(rows), formats={"d": "d", "seq": ","}) + "\n\n" + _source(df)
+    return markdown_table(pd.DataFrame(rows), formats={"d": "d", "seq": ","}) + "\n\n" + provenance_line(df, source(SWEEP_BENCH))
 
 
 def _ms(impl: str, dtype: str, d: int, seq: int, mode: str) -> float:
@@ -144,35 +141,94 @@ def _ours_fwd_bwd_small() -> pd.Series:
 
 
 FACTS = {
-    "flash.sweep_small_min_ms": (lambda: small_cells().min().min(), ".2f"),
-    "flash.sweep_small_max_ms": (lambda: small_cells().max().max(), ".2f"),
-    "flash.sweep_small_cells": (lambda: len(fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND]), "d"),
-    "flash.sweep_small_cudnn_fastest": (
-        lambda: int((fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND] == "sdpa").sum()), "d"),
-    "flash.sweep_small_naive_beats_ours": (lambda: int((small_cells().naive < small_cells().triton).sum()), "d"),
-    "flash.sweep_ours_small_min_ms": (lambda: _ours_fwd_bwd_small().min(), ".2f"),
-    "flash.sweep_ours_small_max_ms": (lambda: _ours_fwd_bwd_small().max(), ".2f"),
-    **{f"flash.sweep_ours_d64_{n // 1024}k_ms": (lambda n=n: _ms("triton", "bf16", 64, n, "fwd_bwd"), ".2f")
+    "sweep_small_min_ms": lambda: f"{small_cells().min().min():.2f}",
+    "sweep_small_max_ms": lambda: f"{small_cells().max().max():.2f}",
+    "sweep_small_cells": lambda: len(fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND]),
+    "sweep_small_cudnn_fastest": lambda: int((fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND] == "sdpa").sum()),
+    "sweep_small_naive_beats_ours": lambda: int((small_cells().naive < small_cells().triton).sum()),
+    "sweep_ours_small_min_ms": lambda: f"{_ours_fwd_bwd_small().min():.2f}",
+    "sweep_ours_small_max_ms": lambda: f"{_ours_fwd_bwd_small().max():.2f}",
+    **{f"sweep_ours_d64_{n // 1024}k_ms": lambda n=n: f'{_ms("triton", "bf16", 64, n, "fwd_bwd"):.2f}'
        for n in (8192, 16384, 32768, 65536)},
-    **{f"flash.sweep_vs_cudnn_d{d}_{m}": (lambda d=d, m=m: speed_vs_cudnn(d, m), ".2f") for d in DIMS for m in MODE_WORDS},
-    "flash.sweep_ours_tflops_d64_fwd": (lambda: sweep_rows().query(
+    "sweep_vs_cudnn_d64_fwd": lambda: f"{speed_vs_cudnn(64, 'fwd'):.2f}",
+    "sweep_ours_tflops_d64_fwd": lambda: format(sweep_rows().query(
         "impl == 'triton' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
-    "flash.sweep_cudnn_tflops_d64_fwd": (lambda: sweep_rows().query(
+    "sweep_cudnn_tflops_d64_fwd": lambda: format(sweep_rows().query(
         "impl == 'sdpa' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
-    **{f"flash.sweep_vs_naive_bf16_{n // 1024}k": (lambda n=n: _vs_naive("bf16", n), ".1f") for n in (16384, 65536)},
-    **{f"flash.sweep_vs_naive_fp32_{n // 1024}k": (lambda n=n: _vs_naive("fp32", n), ".2f") for n in (16384, 65536)},
-    "flash.sweep_vs_naive_fp32_d128_64k": (lambda: _vs_naive("fp32", LARGEST, d=128), ".2f"),
-    "flash.sweep_vs_naive_fp32_d16_64k": (lambda: _vs_naive("fp32", LARGEST, d=16), ".1f"),
-    **{f"flash.sweep_{name}_fp32_fwd_d128_over_d16": (
-        lambda i=impl: _ms(i, "fp32", 128, LARGEST, "fwd") / _ms(i, "fp32", 16, LARGEST, "fwd"), ".1f")
+    **{f"sweep_vs_naive_bf16_{n // 1024}k": lambda n=n: f'{_vs_naive("bf16", n):.1f}' for n in (16384, 65536)},
+    **{f"sweep_vs_naive_fp32_{n // 1024}k": lambda n=n: f'{_vs_naive("fp32", n):.2f}' for n in (16384, 65536)},
+    "sweep_vs_naive_fp32_d128_64k": lambda: f'{_vs_naive("fp32", LARGEST, d=128):.2f}',
+    "sweep_vs_naive_fp32_d16_64k": lambda: f'{_vs_naive("fp32", LARGEST, d=16):.1f}',
+    **{f"sweep_{name}_fp32_fwd_d128_over_d16": lambda i=impl: f'{_ms(i, "fp32", 128, LARGEST, "fwd") / _ms(i, "fp32", 16, LARGEST, "fwd"):.1f}'
        for impl, name in (("naive", "naive"), ("triton", "ours"))},
-    **{f"flash.sweep_fp32_d64_{m}_vs_naive": (lambda m=m: _vs_naive("fp32", LARGEST, mode=m), ".2f")
+    **{f"sweep_fp32_d64_{m}_vs_naive": lambda m=m: f'{_vs_naive("fp32", LARGEST, mode=m):.2f}'
        for m in ("fwd", "bwd")},
-    "flash.sweep_mem_naive_fp32_gib": (lambda: _peak_gib("naive", "fp32"), ".0f"),
-    "flash.sweep_mem_ours_fp32_gib": (lambda: _peak_gib("triton", "fp32"), ".2f"),
-    "flash.sweep_oom_cells": (lambda: int((sweep_rows().status == "oom").sum()), "d"),
-    "flash.sweep_pytorch_cells": (lambda: int(((sweep_rows().impl == "pytorch") & (sweep_rows().status == "ok")).sum()), "d"),
-    "flash.sweep_pytorch_fwd_4k_ms": (lambda: _ms("pytorch", "bf16", 64, 4096, "fwd"), ".1f"),
-    "flash.sweep_ours_fwd_4k_ms": (lambda: _ms("triton", "bf16", 64, 4096, "fwd"), ".2f"),
+    "sweep_mem_naive_fp32_gib": lambda: f'{_peak_gib("naive", "fp32"):.0f}',
+    "sweep_mem_ours_fp32_gib": lambda: f'{_peak_gib("triton", "fp32"):.2f}',
+    "sweep_oom_cells": lambda: int((sweep_rows().status == "oom").sum()),
+    "sweep_pytorch_cells": lambda: int(((sweep_rows().impl == "pytorch") & (sweep_rows().status == "ok")).sum()),
+    "sweep_pytorch_fwd_4k_ms": lambda: f'{_ms("pytorch", "bf16", 64, 4096, "fwd"):.1f}',
+    "sweep_ours_fwd_4k_ms": lambda: f'{_ms("triton", "bf16", 64, 4096, "fwd"):.2f}',
 }
-register(FACTS)
+
+
+def _vs_cudnn_falls_with_d() -> bool:
+    """Faster than cuDNN at d = 16, 32, 64, slower at 128, the margin shrinking as d grows."""
+    for mode in MODE_WORDS:
+        r = [speed_vs_cudnn(d, mode) for d in DIMS]
+        if not (min(r[:3]) > 1 > r[3] and r == sorted(r, reverse=True)):
+            return False
+    return True
+
+
+def _fp32_tuned_at_16k() -> bool:
+    """Every fp32 key of the table is a medium key whose tuning rows took true fp32 products at
+    16,384 positions; no other fp32 size class; our fp32 cells were timed after that tuning."""
+    from cs336_systems.attention.fast.tuned_configs import TUNED
+
+    tune = load_results("attention/flash_tune")
+    fp32 = tune[tune.key.str.startswith("fp32") & (tune.get("fp32_dots") == "ieee")]
+    ours = sweep_rows().query("impl == 'triton' and dtype == 'fp32'")
+    keys = [{k for k in TUNED[kind] if k.startswith("fp32")} for kind in ("fwd", "bwd")]
+    return (all(k == {f"fp32-d{d}-causal-medium" for d in DIMS} and k <= set(fp32.key) for k in keys)
+            and set(fp32.seq) == {16384} and len(ours) == 120 and (pd.to_datetime(ours.time_utc) > pd.to_datetime(fp32.time_utc).max()).all())
+
+
+def _lb_key_cells_ran_gluon() -> bool:
+    from report.flash import KERNELS_BY_GIT, leaderboard_rows
+
+    rows = sweep_rows().query("impl == 'triton' and dtype == 'bf16' and d == 64 and seq == @LARGEST")
+    lb = leaderboard_rows()
+    first = lb[lb.git.map(KERNELS_BY_GIT) == "Gluon forward, Gluon backward"].time_utc.min()
+    return pd.to_datetime(rows.time_utc, utc=True).min() >= pd.to_datetime(first, utc=True)
+
+
+_small_fastest = lambda: fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND]
+_fp32_ratio = lambda impl: _ms(impl, "fp32", 128, LARGEST, "fwd") / _ms(impl, "fp32", 16, LARGEST, "fwd")
+
+register("flash", facts=FACTS, tables={
+    "vs_cudnn": vs_cudnn_table, "sweep_code": code_table,
+    **{f"sweep_{dt}_{m}": (lambda dt=dt, m=m: sweep_table(dt, m)) for dt in ("bf16", "fp32") for m in MODE_WORDS},
+}, figures={"sweep_bf16": lambda: sweep_figure("bf16"), "sweep_fp32": lambda: sweep_figure("fp32")}, claims={
+    "pytorch_fa2_is_no_fast_path": lambda: _ms("pytorch", "bf16", 64, 4096, "fwd") > 10 * _ms("triton", "bf16", 64, 4096, "fwd"),
+    # most of both: the sentences read as the common case
+    "cudnn_wins_most_small_cells": lambda: (_small_fastest() == "sdpa").mean() > 0.5,
+    "plain_pytorch_beats_ours_in_most_small_cells": lambda: (small_cells().naive < small_cells().triton).mean() > 0.5,
+    "d64_leaves_the_band_at_65536": lambda: all(_ms("triton", "bf16", 64, n, "fwd_bwd") <= _ours_fwd_bwd_small().max()
+                                                for n in (8192, 16384, 32768))
+    and _ms("triton", "bf16", 64, LARGEST, "fwd_bwd") > _ours_fwd_bwd_small().max(),
+    "faster_than_cudnn_up_to_d64": _vs_cudnn_falls_with_d,
+    "sweep_forward_margin_is_wider": lambda: speed_vs_cudnn(64, "fwd") - 1 > _lb_fwd_margin(),
+    "bf16_clear_fp32_barely": lambda: all(_vs_naive("bf16", n) > 2 and 1 < _vs_naive("fp32", n) < 1.2  # under 20%
+                                          and _vs_naive("fp32", n, d=128) < 1 for n in (16384, LARGEST)),
+    "fp32_needs_less_memory": lambda: _peak_gib("triton", "fp32") < _peak_gib("naive", "fp32"),
+    "fp32_margin_shrinks_with_d": lambda: (lambda v: v == sorted(v, reverse=True) and v[0] > 2 > 1 > v[-1])(
+        [_vs_naive("fp32", LARGEST, d=d) for d in DIMS]),
+    "fp32_near_tie_hides_a_split": lambda: _vs_naive("fp32", LARGEST, mode="fwd") > 1 > _vs_naive("fp32", LARGEST, mode="bwd"),
+    "fp32_plain_flat_in_d_ours_grows": lambda: _fp32_ratio("naive") < 1.5 and _fp32_ratio("triton") > 8,
+    "fp32_backward_crosses_over_first": lambda: _vs_naive("fp32", LARGEST, d=32, mode="bwd") > 1 > _vs_naive("fp32", LARGEST, d=64, mode="bwd")
+    and _vs_naive("fp32", LARGEST, d=64, mode="fwd") > 1 > _vs_naive("fp32", LARGEST, d=128, mode="fwd"),
+    "fp32_tiles_tuned_at_16384": _fp32_tuned_at_16k,
+    "no_sweep_cell_ran_out_of_memory": lambda: (sweep_rows().status == "oom").sum() == 0,
+    "lb_key_cells_ran_the_gluon_kernels": _lb_key_cells_ran_gluon,
+})

@@ -1,8 +1,9 @@
-"""The tuner's measurements (`configs tune`, results/attention/flash_tune): tables, the roofline, facts.
+"""The tuner's measurements (`configs tune`, results/attention/flash_tune): tables, the roofline,
+and the Gluon kernels (the warp-specialised one-pass backward's A/B runs, results/attention/onepass_ws,
+and the tuner's runs of both Gluon kernels, kinds "ws" and "fwd_ws").
 
 Each tuning run times every candidate tiling of every kernel once, bare launches at one shape, then
-re-times the fastest four of each kernel in three interleaved rounds (`phase == "confirm"`). Rows
-of the Gluon kernels (kinds "ws", "fwd_ws") are in `report.flash_gluon`.
+re-times the fastest four of each kernel in three interleaved rounds (`phase == "confirm"`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import pandas as pd
 
 from cs336_systems.attention.flops import attention_flops
-from report.flash import LB, LB_KEY, register
+from report.flash import LB, LB_KEY
+from report.registry import register
 from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
 from report.results import load_results, markdown_table, provenance_line
+from report.units import span
 
 TUNE_BENCH = "attention/flash_tune"
 SOURCE = f"results/{TUNE_BENCH}/nvidia-h200.jsonl"
@@ -227,11 +230,6 @@ def _worst_over_best() -> list[float]:
     return [r["worst ms"] / r["best ms"] for r in tuning_effect_rows() if r["kernel"] != "backward, one launch"]
 
 
-def _span(values: list[float], spec: str = ".2f") -> str:
-    lo, hi = format(min(values), spec), format(max(values), spec)
-    return lo if lo == hi else f"{lo} to {hi}"
-
-
 def _atomics_runs() -> list[dict]:
     return [r for r in backward_history_rows() if r[ONEPASS_ATOMICS] is not None]
 
@@ -241,43 +239,207 @@ def _two_pass_best(r: dict) -> float:
 
 
 FACTS = {
-    **{f"flash.peak_{k}": (lambda v=v: v, f) for k, v, f in (("tflops", PEAK_TFLOPS, ".0f"), ("tbps", PEAK_TBPS, ".1f"))},
-    **{f"flash.roof_{k}": (lambda k=k: roofline()[k], f) for k, f in (
+    **{f"peak_{k}": lambda v=v, f=f: format(v, f) for k, v, f in (("tflops", PEAK_TFLOPS, ".0f"), ("tbps", PEAK_TBPS, ".1f"))},
+    **{f"roof_{k}": lambda k=k, f=f: format(roofline()[k], f) for k, f in (
         ("fwd_tflop", ".2f"), ("total_tflop", ".2f"), ("fwd_mb", ".0f"), ("intensity", ",.0f"), ("ridge", ".0f"),
         ("fwd_floor_ms", ".2f"), ("total_floor_ms", ".2f"), ("bytes_floor_us", ".0f"), ("kernel_fwd_ms", ".3f"),
         ("kernel_bwd_ms", ".3f"), ("kernel_fwd_tflops", ".0f"), ("kernel_bwd_tflops", ".0f"),
         ("kernel_bwd_executed_tflops", ".0f"))},
-    "flash.roof_executed_share": (lambda: roofline()["kernel_bwd_executed_tflops"] / matmul_ceiling_tflops("bf16"), ".0%"),
-    "flash.tune_gain_fwd": (lambda: _gain("forward"), ".2f"),
-    "flash.tune_gain_dkdv": (lambda: _gain("dK/dV pass"), ".2f"),
-    "flash.tune_gain_dq": (lambda: _gain("dQ pass"), ".2f"),
-    "flash.tune_gain_fused": (lambda: _gain("backward, one launch"), ".2f"),
-    "flash.tune_worst_span": (lambda: _span(_worst_over_best(), ".1f"), "s"),
-    "flash.confirm_git": (lambda: confirm_medians()["git"], "s"),
-    "flash.confirm_two_launches_ms": (lambda: confirm_medians()["two launches"], ".3f"),
-    "flash.confirm_fused_ms": (lambda: confirm_medians()["fused"], ".3f"),
-    "flash.confirm_onepass_tma_ms": (lambda: confirm_medians()["onepass_tma"], ".3f"),
-    "flash.confirm_onepass_atomics_ms": (lambda: confirm_medians()["onepass_atomics"], ".3f"),
-    "flash.onepass_atomics_runs": (lambda: len(_atomics_runs()), "d"),
-    "flash.onepass_atomics_span": (lambda: _span([r[ONEPASS_ATOMICS] for r in _atomics_runs()]), "s"),
-    "flash.onepass_fused_span": (lambda: _span([r["two passes, one launch"] for r in _atomics_runs()]), "s"),
-    "flash.onepass_atomics_extra_span": (
-        lambda: _span([r[ONEPASS_ATOMICS] - r["dK/dV pass"] for r in _atomics_runs()]), "s"),
-    "flash.onepass_fifth_matmul_span": (lambda: _span([r["dK/dV pass"] / 4 for r in _atomics_runs()]), "s"),
-    "flash.onepass_tma_run": (lambda: newest_with(ONEPASS_TMA)["tuning run"], "s"),
-    "flash.onepass_tma_git": (lambda: newest_with(ONEPASS_TMA)["git"], "s"),
-    "flash.onepass_tma_ms": (lambda: newest_with(ONEPASS_TMA)[ONEPASS_TMA], ".3f"),
-    "flash.onepass_tma_atomics_ms": (lambda: newest_with(ONEPASS_TMA)[ONEPASS_ATOMICS], ".3f"),
-    "flash.onepass_tma_two_pass_ms": (lambda: _two_pass_best(newest_with(ONEPASS_TMA)), ".3f"),
-    "flash.onepass_tma_extra_ms": (lambda: newest_with(ONEPASS_TMA)[ONEPASS_TMA] - newest_with(ONEPASS_TMA)["dK/dV pass"], ".2f"),
-    "flash.onepass_tma_dq_pass_ms": (lambda: newest_with(ONEPASS_TMA)["dQ pass"], ".2f"),
-    "flash.onepass_keys": (lambda: ", ".join(f"`{k}`" for k in one_pass_keys()), "s"),
-    "flash.onepass_key_count": (lambda: len(one_pass_keys()), "d"),
+    "roof_executed_share": lambda: f'{roofline()["kernel_bwd_executed_tflops"] / matmul_ceiling_tflops("bf16"):.0%}',
+    "tune_gain_fwd": lambda: f'{_gain("forward"):.2f}',
+    "tune_gain_dkdv": lambda: f'{_gain("dK/dV pass"):.2f}',
+    "tune_gain_dq": lambda: f'{_gain("dQ pass"):.2f}',
+    "tune_gain_fused": lambda: f'{_gain("backward, one launch"):.2f}',
+    "tune_worst_span": lambda: span(_worst_over_best(), ".1f"),
+    "confirm_git": lambda: confirm_medians()["git"],
+    "confirm_two_launches_ms": lambda: f'{confirm_medians()["two launches"]:.3f}',
+    "confirm_fused_ms": lambda: f'{confirm_medians()["fused"]:.3f}',
+    "confirm_onepass_tma_ms": lambda: f'{confirm_medians()["onepass_tma"]:.3f}',
+    "confirm_onepass_atomics_ms": lambda: f'{confirm_medians()["onepass_atomics"]:.3f}',
+    "onepass_atomics_runs": lambda: len(_atomics_runs()),
+    "onepass_atomics_span": lambda: span([r[ONEPASS_ATOMICS] for r in _atomics_runs()], ".2f"),
+    "onepass_fused_span": lambda: span([r["two passes, one launch"] for r in _atomics_runs()], ".2f"),
+    "onepass_atomics_extra_span": lambda: span([r[ONEPASS_ATOMICS] - r["dK/dV pass"] for r in _atomics_runs()], ".2f"),
+    "onepass_fifth_matmul_span": lambda: span([r["dK/dV pass"] / 4 for r in _atomics_runs()], ".2f"),
+    "onepass_tma_run": lambda: newest_with(ONEPASS_TMA)["tuning run"],
+    "onepass_tma_git": lambda: newest_with(ONEPASS_TMA)["git"],
+    "onepass_tma_ms": lambda: f"{newest_with(ONEPASS_TMA)[ONEPASS_TMA]:.3f}",
+    "onepass_tma_atomics_ms": lambda: f"{newest_with(ONEPASS_TMA)[ONEPASS_ATOMICS]:.3f}",
+    "onepass_tma_two_pass_ms": lambda: f"{_two_pass_best(newest_with(ONEPASS_TMA)):.3f}",
+    "onepass_tma_extra_ms": lambda: f'{newest_with(ONEPASS_TMA)[ONEPASS_TMA] - newest_with(ONEPASS_TMA)["dK/dV pass"]:.2f}',
+    "onepass_tma_dq_pass_ms": lambda: f'{newest_with(ONEPASS_TMA)["dQ pass"]:.2f}',
+    "onepass_keys": lambda: ", ".join(f"`{k}`" for k in one_pass_keys()),
+    "onepass_key_count": lambda: len(one_pass_keys()),
     # dP issued before the exponentials: the version at df107f5 against the one before it (20201d0)
-    **{f"flash.dp_{when}_{col}": (lambda g=g, c=c: history_row(g)[c], ".3f")
+    **{f"dp_{when}_{col}": lambda g=g, c=c: f"{history_row(g)[c]:.3f}"
        for when, g in (("before", "20201d0"), ("after", "df107f5"))
        for col, c in (("dkdv", "dK/dV pass"), ("dq", "dQ pass"))},
-    "flash.dp_before_git": (lambda: history_row("20201d0")["git"], "s"),
-    "flash.dp_after_git": (lambda: history_row("df107f5")["git"], "s"),
+    "dp_before_git": lambda: history_row("20201d0")["git"],
+    "dp_after_git": lambda: history_row("df107f5")["git"],
 }
-register(FACTS)
+
+
+# -- the Gluon kernels ------------------------------------------------------------------------------
+
+WS_BENCH = "attention/onepass_ws"
+
+WS_DESIGNS = {  # impl field of the rows -> what that kernel was
+    "gluon one-pass ws": "math warpgroups stage fp32 dQ shares; a reducer sums and adds them",
+    "gluon one-pass ws, dQ warpgroup": "math warpgroups hand over dS^T; a dQ warpgroup does dS K and the adds",
+    "gluon one-pass ws, dQ warpgroup, TMA adds": "as above, the adds by TMA bulk reductions from shared memory",
+}
+
+
+def ws_rows() -> pd.DataFrame:
+    """Median over each run's interleaved rounds, one row per (run, kernel, version, variant)."""
+    df = load_results(WS_BENCH, status="ok")
+    keys = ["run", "git", "impl", "version", "block_n", "stages", "slots", "reduce_warps", "reduce_regs"]
+    return df.groupby(keys, as_index=False).agg(median_ms=("ms", "median"), rounds=("ms", "size"))
+
+
+def ws_table() -> str:
+    """Every run of the Gluon kernel, each beside the tuned two-pass backward timed in the same run."""
+    g = ws_rows()
+    two = g[g.impl.str.startswith("triton")].set_index("run").median_ms
+    g = g[~g.impl.str.startswith("triton")].copy()
+    g["vs two-pass"] = g.median_ms / g.run.map(two)
+    g["design"] = g.impl.map(WS_DESIGNS)
+    g["variant"] = g.apply(lambda r: f"{r.block_n} keys, {r.stages} stages, {r.slots} slots, "
+                                     f"{r.reduce_warps} w x {r.reduce_regs} regs", axis=1)
+    g["two-pass ms"] = g.run.map(two)
+    g = g.sort_values(["run", "median_ms"])
+    shown = g[["run", "git", "design", "version", "variant", "median_ms", "two-pass ms", "vs two-pass", "rounds"]]
+    return (markdown_table(shown.rename(columns={"median_ms": "median ms"}),
+                           formats={"median ms": ".3f", "two-pass ms": ".3f", "vs two-pass": ".3f"})
+            + "\n\n" + provenance_line(load_results(WS_BENCH), f"results/{WS_BENCH}/nvidia-h200.jsonl"))
+
+
+def ws_best(needs: str = "full") -> dict:
+    """The newest run that timed the `needs` version beside the two-pass backward: its fastest full
+    kernel, that kernel's ablations (same kernel and variant) and the two-pass backward's time."""
+    g = ws_rows()
+    with_two_pass = set(g[g.impl.str.startswith("triton")].run)
+    run = g[(g.version == needs) & g.run.isin(with_two_pass)].run.max()
+    g = g[g.run == run]
+    full = g[g.version == "full"].sort_values("median_ms").iloc[0]
+    same = g[(g.impl == full.impl) & (g.block_n == full.block_n) & (g.stages == full.stages)
+             & (g.slots == full.slots) & (g.reduce_regs == full.reduce_regs)].set_index("version").median_ms
+    two = float(g[g.impl.str.startswith("triton")].median_ms.iloc[0])
+    return {"run": run, "git": full.git, "impl": full.impl, "full": float(full.median_ms), "two_pass": two,
+            **{v: float(ms) for v, ms in same.items() if v != "full"}}
+
+
+# -- the tuner's Gluon candidates ------------------------------------------------------------------
+
+def _ws_tuning_run(kernel: str = "ws") -> pd.DataFrame:
+    """The rows of the newest tuning run of a Gluon kernel ("ws": the backward, "fwd_ws": the
+    forward) at the leaderboard shape."""
+    tune = load_results("attention/flash_tune", status="ok")
+    ws = at_leaderboard_shape(tune[tune.kernel == kernel]) if "kernel" in tune else tune.iloc[:0]
+    return ws[ws.run == ws.run.max()]
+
+
+def ws_tuning_rows(kernel: str = "ws") -> pd.DataFrame:
+    """One row per candidate of `_ws_tuning_run`: its first timing and (the fastest few) the median
+    of its confirmation rounds."""
+    ws = _ws_tuning_run(kernel)
+    if ws.empty:
+        return ws
+    ws = ws.assign(setting=lambda d: d.config.map(lambda c: tile(kernel, c)))
+    conf = ws.phase == "confirm" if "phase" in ws else pd.Series(False, index=ws.index)
+    first = ws[~conf].groupby("setting", as_index=False).agg(run=("run", "first"), git=("git", "first"),
+                                                               first_ms=("ms", "first"))
+    medians = ws[conf].groupby("setting").ms.median().rename("confirmed_ms")
+    return first.join(medians, on="setting").sort_values(["confirmed_ms", "first_ms"])
+
+
+def ws_tuning_table(kernel: str = "ws") -> str:
+    df = ws_tuning_rows(kernel)
+    if df.empty:
+        return f"*No tuning run has timed the Gluon {GLUON_KINDS[kernel]} at the leaderboard shape yet.*"
+    shown = df.rename(columns={"setting": "setting", "first_ms": "first ms",
+                               "confirmed_ms": "median of 3 rounds, ms"})
+    return (markdown_table(shown.astype(object).where(shown.notna(), "—"),
+                           formats={"first ms": ".3f", "median of 3 rounds, ms": ".3f"})
+            + "\n\n" + provenance_line(_ws_tuning_run(kernel), SOURCE))
+
+
+# -- facts ----------------------------------------------------------------------------------------
+
+def _best_setting(kernel: str) -> pd.Series:
+    return ws_tuning_rows(kernel).iloc[0]
+
+
+def gluon_keys(kind: str = "bwd") -> list[str]:
+    """Keys of the tuned table whose entry runs the Gluon kernel."""
+    return sorted(k for k, entry in tuned_table()[kind].items() if entry.get("gluon_ws"))
+
+
+FACTS |= {
+    **{f"ws_{k}": lambda k=k, f=f: format(ws_best("math_only")[k], f) for k, f in (
+        ("run", "s"), ("git", "s"), ("math_only", ".3f"), ("two_pass", ".3f"), ("no_add", ".3f"), ("full", ".3f"),
+        ("mask_every_tile", ".3f"))},
+    "ws_math_under_two_pass": lambda: f'{1 - ws_best("math_only")["math_only"] / ws_best("math_only")["two_pass"]:.0%}',
+    "ws_adds_ms": lambda: f'{ws_best("math_only")["full"] - ws_best("math_only")["no_add"]:.3f}',
+    "ws_vs_two_pass": lambda: f'{ws_best("math_only")["full"] / ws_best("math_only")["two_pass"]:.3f}',
+    "ws_mask_every_tile_cost": lambda: f'{ws_best("math_only")["mask_every_tile"] / ws_best("math_only")["full"] - 1:+.1%}',
+    "ws_tuned_setting": lambda: _best_setting("ws").setting,
+    "ws_tuned_ms": lambda: f'{_best_setting("ws").confirmed_ms:.3f}',
+    "fwd_ws_tuned_setting": lambda: _best_setting("fwd_ws").setting,
+    "fwd_ws_tuned_ms": lambda: f'{_best_setting("fwd_ws").confirmed_ms:.3f}',
+    "gluon_bwd_keys": lambda: ", ".join(f"`{k}`" for k in gluon_keys("bwd")),
+    "gluon_fwd_keys": lambda: ", ".join(f"`{k}`" for k in gluon_keys("fwd")),
+}
+
+
+def _confirmation_reverses_first() -> bool:
+    """The first timings put the one-launch backward ahead of the best two launches (or behind);
+    the confirmation medians say the opposite."""
+    fused = next(r for r in tuning_effect_rows() if r["kernel"] == "backward, one launch")
+    c = confirm_medians()
+    return (fused["best ms"] < fused["heuristic ms"]) != (c["fused"] < c["two launches"])
+
+
+def _bulk_reductions_not_enough() -> bool:
+    r, c = newest_with(ONEPASS_TMA), confirm_medians()
+    return (_two_pass_best(r) < r[ONEPASS_TMA] < r[ONEPASS_ATOMICS] and r[ONEPASS_TMA] - r["dK/dV pass"] > r["dQ pass"]
+            and c["two launches"] < c["onepass_tma"] < c["onepass_atomics"])
+
+
+def _size_classes_as_described() -> bool:
+    """medium up to 32,768 rows of batch x heads x seq, large up to 2^19, huge beyond; small
+    launches borrow the medium entry (none is tuned); untuned shapes warn (UntunedShapeWarning)."""
+    from cs336_systems.attention.fast import table
+
+    return ([table.size_class(1, n, n) for n in (4096, 4097, 32768, 32769, 2**19, 2**19 + 1)]
+            == ["small", "medium", "medium", "large", "large", "huge"] and table.SIZE_FALLBACK["small"][:2] == ("small", "medium")
+            and not any(key.endswith("-small") for kind in tuned_table().values() for key in kind)
+            and issubclass(table.UntunedShapeWarning, UserWarning))
+
+
+def _gluon_at_the_leaderboard_key_only() -> bool:
+    tune = load_results(TUNE_BENCH, status="ok")
+    return (LB_KEY in gluon_keys("bwd") and LB_KEY in gluon_keys("fwd") and "bf16-d64-causal-medium" not in gluon_keys("bwd")
+            and len(tune[(tune.kernel == "ws") & (tune.key == "bf16-d64-causal-medium")]) > 0)
+
+
+register("flash", facts=FACTS, tables={
+    "tuning_effect": tuning_effect_table, "chosen_configs": chosen_configs_table, "backward_history": backward_history_table,
+    "ws": ws_table, "ws_tuning": lambda: ws_tuning_table("ws"), "fwd_ws_tuning": lambda: ws_tuning_table("fwd_ws"),
+}, claims={
+    "attention_is_compute_bound": lambda: roofline()["intensity"] > 10 * roofline()["ridge"],
+    "bad_tiling_costs_more_than_tuning_gains": lambda: all(_gain(r["kernel"]) >= 1 for r in tuning_effect_rows())
+    and min(_worst_over_best()) > max(_gain(r["kernel"]) for r in tuning_effect_rows()),
+    "confirmation_reverses_the_first_timings": _confirmation_reverses_first,
+    "atomics_lost_every_run": lambda: bool(_atomics_runs()) and all(r[ONEPASS_ATOMICS] > r["two passes, one launch"] for r in _atomics_runs()),
+    "bulk_reductions_not_enough": _bulk_reductions_not_enough,
+    "one_pass_keys_are_fp32": lambda: bool(one_pass_keys()) and all(k.startswith("fp32-") for k in one_pass_keys())
+    and LB_KEY not in one_pass_keys(),
+    # within 2% per pass: the runs' noise
+    "dp_first_changed_nothing": lambda: all(abs(history_row("df107f5")[c] / history_row("20201d0")[c] - 1) <= 0.02
+                                            for c in ("dK/dV pass", "dQ pass")),
+    "size_classes_as_described": _size_classes_as_described,
+    "gluon_backward_beats_two_pass": lambda: (lambda w: w["math_only"] < w["no_add"] < w["full"] < w["two_pass"])(ws_best("math_only")),
+    "diagonal_split_pays": lambda: ws_best("math_only")["mask_every_tile"] > ws_best("math_only")["full"],
+    "gluon_at_the_leaderboard_key_only": _gluon_at_the_leaderboard_key_only,
+})

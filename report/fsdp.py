@@ -1,18 +1,12 @@
-"""The FSDP chapter: what the shard arithmetic expects, computed at build time.
-
-Nothing here reads results/fsdp/ (the two-GPU run has not written it yet). The tables come from
-package functions at the benchmark's own setting (cs336_systems/distributed/fsdp_bench.py: our
-preset `xl`, the DDP chapter's global batch of 4 sequences over 2 ranks, the preset's context):
-
-    ```python exec="on"
-    import report.fsdp
-    print(report.fsdp.expected_memory_table())
-    ```
+"""The FSDP chapter's numbers (docs/fsdp.md): what the shard arithmetic expects, computed at build
+time. Nothing here reads results/fsdp/ (the two-GPU run has not written it yet). The tables come
+from package functions at the benchmark's own setting (cs336_systems/distributed/fsdp_bench.py: our
+preset `xl`, the DDP chapter's global batch of 4 sequences over 2 ranks, the preset's context).
 
 The all-gather prediction (`gather_window_table`) combines the model's shapes with three committed
 H200 measurements: the matmul ceilings (results/ceilings), NCCL's whole-model all-gather on two
 H200s (results/sharding/collectives) and the fixed cost per call fitted to NCCL's all-reduces
-(results/collectives). Facts: `{{ fsdp.<name> }}`, registered at the bottom.
+(results/collectives).
 """
 
 from __future__ import annotations
@@ -27,16 +21,15 @@ from cs336_systems.distributed.fsdp_bench import GLOBAL_BATCH, STAGE
 from cs336_systems.model import TransformerLM, count_parameters, get_config
 from cs336_systems.sharding import accounting as acc
 from cs336_systems.sharding.sharding_bench import COMM_BENCH
-from report import collectives, reproducing, sharding
-from report.profiling import register
-from report.results import load_results, markdown_table
+from report import collectives, ddp, reproducing, sharding
+from report.registry import register
+from report.results import GPU, load_results, markdown_table, newest
+from report.units import GiB, MiB
 
-GPU = "nvidia-h200"
 SIZE, WORLD = "xl", 2                      # fsdp_bench's default size on cuda, and its 2 GPUs
 BATCH_PER_RANK = GLOBAL_BATCH // WORLD     # the DDP chapter's 2 sequences per rank
 CFG = get_config(SIZE)                     # the preset's context: 512
 TOKENS = BATCH_PER_RANK * CFG.context_length  # tokens one rank's forward sees
-GIB, MIB = 2**30, 2**20
 BYTES = {"fp32": 4, "bf16": 2}
 # The rows of the expected-memory table: what the benchmark's variants keep, by accounting stage.
 MEMORY_ROWS = {"ddp": "DDP", "sharded": "sharded optimizer or ZeRO-1", STAGE["fsdp"]: "FSDP"}
@@ -58,10 +51,10 @@ def expected_memory_table() -> str:
     rows = []
     for stage, name in MEMORY_ROWS.items():
         m = expected_memory(stage)
-        rows.append({"what each rank keeps": name, "parameters (GiB)": m.params / GIB,
-                     "gradients (GiB)": m.grads / GIB, "AdamW state (GiB)": m.optimizer_state / GIB,
-                     "activations (GiB)": m.activations / GIB, "sum (GiB)": m.total / GIB,
-                     "below DDP (GiB)": saved(stage, "ddp") / GIB})
+        rows.append({"what each rank keeps": name, "parameters (GiB)": m.params / GiB,
+                     "gradients (GiB)": m.grads / GiB, "AdamW state (GiB)": m.optimizer_state / GiB,
+                     "activations (GiB)": m.activations / GiB, "sum (GiB)": m.total / GiB,
+                     "below DDP (GiB)": saved(stage, "ddp") / GiB})
     return markdown_table(pd.DataFrame(rows), floatfmt=".2f")
 
 
@@ -94,8 +87,7 @@ def _block_ops() -> list[tuple[str, tuple[int, int] | None, float]]:
 
 def all_gather_rate_s_per_byte() -> float:
     """Seconds per byte of all-gather output: NCCL's all-gather of the whole xl model on 2 H200s."""
-    df = load_results(COMM_BENCH, GPU, status="ok").sort_values("time_utc")
-    row = df[df["op"] == "all_gather"].iloc[-1]
+    row = newest(load_results(COMM_BENCH, GPU, status="ok"), ["op"]).query("op == 'all_gather'").iloc[-1]
     return float(row["ms"]) / 1e3 / float(row["bytes"])
 
 
@@ -183,37 +175,87 @@ def _comm(method: str, column: str) -> float:
 # -- facts ---------------------------------------------------------------------------------------
 
 def _gib(x: float) -> str:
-    return f"{x / GIB:.2f}"
+    return f"{x / GiB:.2f}"
 
 
-register({
-    "fsdp.n_params_b": lambda: f"{count_parameters(CFG)['total'] / 1e9:.2f}",
-    "fsdp.tokens_per_rank": lambda: f"{TOKENS:,}",
-    "fsdp.sharded_weights": lambda: f"{int(weights()['sharded'].sum())}",
-    "fsdp.replicated_params": lambda: f"{int((~weights()['sharded']).sum())}",
-    "fsdp.replicated_share": lambda: "{:.3f}%".format(
+def _n() -> int:
+    return count_parameters(CFG)["total"]
+
+
+def _runs_the_ddp_setting() -> bool:
+    """Our preset xl (1,600 wide, 48 layers, context 512) and the DDP chapter's 4 sequences, 2 per
+    rank, as fsdp_bench's defaults on cuda; the 2026 xl is our 2.7B (2,560 wide, 32 layers)."""
+    from cs336_systems.distributed import fsdp_bench
+
+    args = fsdp_bench.build_parser().parse_args(["--device", "cuda"])
+    gpu = ddp.steps(GPU)
+    return ((CFG.d_model, CFG.num_layers, CFG.context_length) == (1600, 48, 512) and args.size is None
+            and args.batch_size == 4 and args.context_length is None and BATCH_PER_RANK == 2
+            and set(gpu["size"]) == {"xl"} and set(gpu["batch_size"]) == {4} and set(gpu["context_length"]) == {512}
+            and set(gpu["world_size"]) == {2} and (get_config("2.7B").d_model, get_config("2.7B").num_layers) == (2560, 32))
+
+
+def _what_gets_sharded() -> bool:
+    """The embedding, the LM head (the largest two) and seven per layer; the 2L + 1 norm gains stay
+    replicated, under 0.1% of the parameters."""
+    w = weights()
+    sharded, replicated = w.query("sharded"), w.query("not sharded")
+    L = CFG.num_layers
+    per_layer = {n.split(".", 2)[2] for n in sharded["name"] if n.startswith("layers.")}
+    top = sharded[sharded["numel"] == sharded["numel"].max()]
+    return (len(sharded) == 7 * L + 2 and per_layer == {"attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
+                                                        "attn.output_proj.weight", "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight"}
+            and {"token_embeddings.weight", "lm_head.weight"} <= set(sharded["name"])
+            and len(replicated) == 2 * L + 1 and all(".ln" in f".{n}" for n in replicated["name"])
+            and replicated["numel"].sum() / w["numel"].sum() < 1e-3 and set(top["name"]) == {"token_embeddings.weight", "lm_head.weight"})
+
+
+register("fsdp", facts={
+    "n_params_b": lambda: f"{count_parameters(CFG)['total'] / 1e9:.2f}",
+    "tokens_per_rank": lambda: f"{TOKENS:,}",
+    "sharded_weights": lambda: f"{int(weights()['sharded'].sum())}",
+    "replicated_params": lambda: f"{int((~weights()['sharded']).sum())}",
+    "replicated_share": lambda: "{:.3f}%".format(
         100 * weights().query("not sharded")["numel"].sum() / weights()["numel"].sum()),
-    "fsdp.largest_weight_mib": lambda: f"{largest_weight_bytes() / MIB:.1f}",
-    "fsdp.two_gathered_mib": lambda: f"{2 * largest_weight_bytes() / MIB:.0f}",
-    "fsdp.reduce_scatters_in_flight": lambda: f"{REDUCE_SCATTERS_IN_FLIGHT}",
-    "fsdp.ddp_gib": lambda: _gib(expected_memory("ddp").total),
-    "fsdp.sharded_gib": lambda: _gib(expected_memory("sharded").total),
-    "fsdp.fsdp_gib": lambda: _gib(expected_memory("zero3").total),
-    "fsdp.activations_gib": lambda: _gib(expected_memory("zero3").activations),
-    "fsdp.saved_vs_sharded_gib": lambda: _gib(saved("zero3", "sharded")),
-    "fsdp.saved_vs_sharded_share": lambda: f"{saved('zero3', 'sharded') / expected_memory('sharded').total:.0%}",
-    "fsdp.saved_vs_ddp_gib": lambda: _gib(saved("zero3", "ddp")),
-    "fsdp.bf16_speedup": lambda: f"{bf16_speedup():.0f}",
-    "fsdp.fixed_cost_us": lambda: f"{fixed_cost_s() * 1e6:.0f}",
-    "fsdp.fp32_min_margin": lambda: f"{window_over_gather('fp32').min():.1f}",
-    "fsdp.fp32_min_margin_fixed": lambda: f"{window_over_gather('fp32', fixed=True).min():.1f}",
-    "fsdp.bf16_min_margin": lambda: f"{window_over_gather('bf16').min():.1f}",
-    "fsdp.bf16_max_margin_fixed": lambda: f"{window_over_gather('bf16', fixed=True).max():.2f}",
-    "fsdp.bf16_stall_ms": lambda: f"{forward_stall_s('bf16') * 1e3:.1f}",
-    "fsdp.bf16_stall_ms_fixed": lambda: f"{forward_stall_s('bf16', fixed=True) * 1e3:.0f}",
-    "fsdp.comm_fp32_ms": lambda: f"{_comm('FSDP fp32', 'ms alone'):.0f}",
-    "fsdp.comm_bf16_ms": lambda: f"{_comm('FSDP bf16', 'ms alone'):.0f}",
-    "fsdp.comm_ddp_ms": lambda: f"{_comm('DDP', 'ms alone'):.0f}",
-    "fsdp.bytes_vs_ddp_fp32": lambda: f"{_comm('FSDP fp32', 'GB received per rank') / _comm('DDP', 'GB received per rank'):.2g}",
-    "fsdp.collective_calls": lambda: f"{3 * int(weights()['sharded'].sum()) - 1:,}",
+    "largest_weight_mib": lambda: f"{largest_weight_bytes() / MiB:.1f}",
+    "two_gathered_mib": lambda: f"{2 * largest_weight_bytes() / MiB:.0f}",
+    "reduce_scatters_in_flight": lambda: f"{REDUCE_SCATTERS_IN_FLIGHT}",
+    "ddp_gib": lambda: _gib(expected_memory("ddp").total),
+    "sharded_gib": lambda: _gib(expected_memory("sharded").total),
+    "fsdp_gib": lambda: _gib(expected_memory("zero3").total),
+    "activations_gib": lambda: _gib(expected_memory("zero3").activations),
+    "saved_vs_sharded_gib": lambda: _gib(saved("zero3", "sharded")),
+    "saved_vs_sharded_share": lambda: f"{saved('zero3', 'sharded') / expected_memory('sharded').total:.0%}",
+    "saved_vs_ddp_gib": lambda: _gib(saved("zero3", "ddp")),
+    "bf16_speedup": lambda: f"{bf16_speedup():.0f}",
+    "fixed_cost_us": lambda: f"{fixed_cost_s() * 1e6:.0f}",
+    "fp32_min_margin": lambda: f"{window_over_gather('fp32').min():.1f}",
+    "fp32_min_margin_fixed": lambda: f"{window_over_gather('fp32', fixed=True).min():.1f}",
+    "bf16_max_margin_fixed": lambda: f"{window_over_gather('bf16', fixed=True).max():.2f}",
+    "bf16_stall_ms": lambda: f"{forward_stall_s('bf16') * 1e3:.1f}",
+    "bf16_stall_ms_fixed": lambda: f"{forward_stall_s('bf16', fixed=True) * 1e3:.0f}",
+    "comm_fp32_ms": lambda: f"{_comm('FSDP fp32', 'ms alone'):.0f}",
+    "comm_bf16_ms": lambda: f"{_comm('FSDP bf16', 'ms alone'):.0f}",
+    "comm_ddp_ms": lambda: f"{_comm('DDP', 'ms alone'):.0f}",
+    "bytes_vs_ddp_fp32": lambda: f"{_comm('FSDP fp32', 'GB received per rank') / _comm('DDP', 'GB received per rank'):.2g}",
+    "collective_calls": lambda: f"{3 * int(weights()['sharded'].sum()) - 1:,}",
+}, tables={"expected_memory": expected_memory_table, "gather_windows": gather_window_table,
+           "communication": communication_table}, claims={
+    "benchmark_runs_the_ddp_chapters_xl_and_batch": _runs_the_ddp_setting,
+    "what_gets_sharded": _what_gets_sharded,
+    "saves_the_parameters_and_gradients_share": lambda: abs(saved("zero3", "sharded") / (8 * _n() * (1 - 1 / WORLD)) - 1) < 1e-9
+    and abs(saved("zero3", "ddp") / (16 * _n() * (1 - 1 / WORLD)) - 1) < 1e-9,
+    "activations_become_the_largest_item": lambda: (lambda m: m.activations == expected_memory("ddp").activations
+                                                    and m.activations > max(m.params, m.grads, m.optimizer_state))(expected_memory("zero3")),
+    "fp32_gathers_fit_their_windows": lambda: window_over_gather("fp32").min() > 1 and window_over_gather("fp32", fixed=True).min() > 1
+    and forward_stall_s("fp32", fixed=True) == 0,
+    "bf16_ceiling_more_than_doubles": lambda: bf16_speedup() > 2,
+    "bf16_gathers_wait": lambda: window_over_gather("bf16", fixed=True).max() < 1
+    and 0 < forward_stall_s("bf16") < forward_stall_s("bf16", fixed=True),
+    "fixed_cost_is_an_upper_bound": lambda: ddp.flat_saved_added_ms(GPU, ddp.one_allreduce_ms())[0] / 1e3
+    / float(ddp.at(GPU, "naive")["allreduce_calls"]) < fixed_cost_s(),
+    # (N-1)/N (G + 2P) against 2 (N-1)/N G, with G = P
+    "fsdp_moves_one_and_a_half_ddps_bytes": lambda: abs(_comm("FSDP fp32", "GB received per rank") / _comm("DDP", "GB received per rank") - 1.5) < 1e-9,
+    # small: under 15% of the compute-only step
+    "communication_small_next_to_compute": lambda: communication()["ms alone"].max() < 0.15 * float(ddp.at(GPU, "compute-only")["step_ms"]),
 })

@@ -1,25 +1,34 @@
-"""The memory chapter: peaks of the 2.7B model by context, the snapshot's largest allocations, and the
-residual-stream check, from results/memory/; the hand counts from the model's config.
+"""The memory chapter's numbers (docs/memory.md, docs/memory/checkpointing.md): peaks of the 2.7B
+model by context, the snapshot's largest allocations, the residual stream, one block's residuals,
+and gradient checkpointing (the strategies' modelled costs, the H200 sweep over block sizes).
+
+Rows: results/memory/. Hand counts come from the model's config and code (sharding.accounting
+counts what autograd saves, on the meta device); checkpoint_theory models the strategies.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
+import numpy as np
 import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
+from cs336_systems.profiling import checkpoint_theory as theory
 from cs336_systems.profiling.memory import residual_stream_bytes, thin_max
 from cs336_systems.profiling.residuals import block_parameter_bytes, block_residuals
 from cs336_systems.sharding.accounting import transformer_activation_bytes
 from report.figures import new_figure
-from report.profiling import newest, ok, register, with_source
-from report.results import load_results, markdown_table
+from report.registry import register
+from report.results import load_results, markdown_table, newest, ok, with_source
+from report.units import GiB, MiB, near
 
-MiB = 2**20
-SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures
+SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures: the 2026 handout's xl
 KEY = ["context", "mode", "dtype"]
+SNAPSHOT_CONTEXT = 512  # the snapshot cells the chapter reads (fp32)
+CFG, LAYERS = get_config(SIZE), get_config(SIZE).num_layers
 
 
 # ---- the measured peaks ---------------------------------------------------------------------------
@@ -36,8 +45,12 @@ def peaks() -> pd.DataFrame:
     return m.assign(extra_mib=m.peak_mib - m.before_mib)
 
 
-def peak(context: int, mode: str, dtype: str, column: str = "peak_mib") -> float:
+def peak(context: int, mode: str, dtype: str = "fp32", column: str = "peak_mib") -> float:
     return float(peaks().loc[(context, mode, dtype), column])
+
+
+def extra(context: int, mode: str, dtype: str = "fp32") -> float:
+    return peak(context, mode, dtype, "extra_mib")
 
 
 def oom(context: int, mode: str, dtype: str) -> pd.Series:
@@ -46,10 +59,6 @@ def oom(context: int, mode: str, dtype: str) -> pd.Series:
     if r.status != "oom":
         raise ValueError(f"memory/peaks: {context}/{mode}/{dtype} is {r.status}, not an OOM")
     return r
-
-
-def _peak_text(r: pd.Series) -> str:
-    return f"{r.peak_mib:,.0f}" if r.status == "ok" else r.status.upper()
 
 
 def resident_mib(context: int) -> float:
@@ -71,7 +80,8 @@ def blocks_saved_at_oom(context: int = 2048) -> float:
 def peaks_table() -> str:
     """(b): two numbers per context (forward, full step), in fp32 and bf16; OOM where it did not fit."""
     m = cells()
-    rows = [{"context": ctx, **{f"{label}, {dt} (MiB)": _peak_text(m.loc[(ctx, mode, dt)])
+    text = lambda r: f"{r.peak_mib:,.0f}" if r.status == "ok" else r.status.upper()
+    rows = [{"context": ctx, **{f"{label}, {dt} (MiB)": text(m.loc[(ctx, mode, dt)])
                                 for mode, label in (("forward", "forward only"), ("train", "full step"))
                                 for dt in ("fp32", "bf16")}}
             for ctx in sorted(m.index.get_level_values("context").unique())]
@@ -90,29 +100,28 @@ def start_table() -> str:
 # ---- the hand counts --------------------------------------------------------------------------------
 
 def weights_mib() -> float:
-    return count_parameters(get_config(SIZE))["total"] * 4 / MiB
+    return count_parameters(CFG)["total"] * 4 / MiB
 
 
 def ffn_weight_mib() -> float:
-    cfg = get_config(SIZE)
-    return cfg.d_model * cfg.d_ff * 4 / MiB
+    return CFG.d_model * CFG.d_ff * 4 / MiB
 
 
 def autocast_cache_mib() -> float:
     """bf16 copies of the weights autocast casts: everything but the embedding and the norms' gains."""
-    cfg = get_config(SIZE)
-    n = count_parameters(cfg)["total"]
-    linear = n - cfg.vocab_size * cfg.d_model - (2 * cfg.num_layers + 1) * cfg.d_model
+    linear = count_parameters(CFG)["total"] - CFG.vocab_size * CFG.d_model - (2 * LAYERS + 1) * CFG.d_model
     return 2 * linear / MiB
 
 
 def tensor_sizes_mib(context: int = 512) -> dict[str, float]:
     """The model's large tensors at this context, fp32: score matrix, SwiGLU hidden, logits, weights."""
-    cfg = get_config(SIZE)
-    return {"score": BATCH * cfg.num_heads * context * context * 4 / MiB,
-            "ffn_hidden": BATCH * context * cfg.d_ff * 4 / MiB,
-            "logits": BATCH * context * cfg.vocab_size * 4 / MiB,
-            "ffn_weight": ffn_weight_mib(), "embedding": cfg.vocab_size * cfg.d_model * 4 / MiB}
+    return {"score": BATCH * CFG.num_heads * context * context * 4 / MiB,
+            "ffn_hidden": BATCH * context * CFG.d_ff * 4 / MiB, "logits": BATCH * context * CFG.vocab_size * 4 / MiB,
+            "ffn_weight": ffn_weight_mib(), "embedding": CFG.vocab_size * CFG.d_model * 4 / MiB}
+
+
+def residual_mib(context: int) -> float:
+    return residual_stream_bytes(BATCH, context, CFG.d_model, 4) / MiB
 
 
 # ---- the snapshot: the timeline, the largest allocations and the residual stream -------------------
@@ -146,20 +155,14 @@ def timeline_figure(context: int, mode: str, dtype: str = "fp32"):
     left = event[i] < r.events / 2  # the label on the side with room, inside the axes
     ax.annotate(f"peak {gib[i]:.1f} GiB", (event[i], gib[i]), textcoords="offset points",
                 xytext=(10 if left else -10, -14), ha="left" if left else "right", fontsize=8)
-    ax.set_xlabel("allocator event (alloc or free)")
-    ax.set_ylabel("active memory (GiB)")
-    ax.set_ylim(0, r.peak_gib * 1.12)
-    ax.set_xlim(0, r.events)
+    ax.set(xlabel="allocator event (alloc or free)", ylabel="active memory (GiB)", ylim=(0, r.peak_gib * 1.12),
+           xlim=(0, r.events))
     what = "forward only (inference)" if mode == "forward" else "full training step"
     ax.set_title(f"{SIZE}, context {context:,}, {dtype}, {what}; git {r.git}", fontsize=10)
     if len(r.phases):
         ax.legend(loc="lower right", fontsize=8, ncols=3)
     fig.tight_layout()
     return fig
-
-
-
-SNAPSHOT_CONTEXT = 512  # the snapshot cells the chapter reads (fp32)
 
 
 def largest(mode: str, context: int = SNAPSHOT_CONTEXT) -> pd.DataFrame:
@@ -192,12 +195,30 @@ def residual_adds(mode: str = "forward") -> int:
 
 def residual_derivation() -> str:
     """(d): the hand count per context, as a Markdown list of equations."""
-    d = get_config(SIZE).d_model
+    d = CFG.d_model
     return "\n".join(f"- context {ctx}: $4 \\times {ctx} \\times {d} \\times 4 = {residual_stream_bytes(BATCH, ctx, d, 4):,}$ "
-                     f"bytes $= {residual_stream_bytes(BATCH, ctx, d, 4) / MiB:g}$ MiB" for ctx in (128, 256, 512))
+                     f"bytes $= {residual_mib(ctx):g}$ MiB" for ctx in (128, 256, 512))
 
 
-# ---- facts ---------------------------------------------------------------------------------------------
+def _largest_forward_as_answered() -> bool:
+    """The score matrices first (allocated in naive_attention, four per layer), then the SwiGLU
+    hidden activations, then the logits."""
+    sizes, top = tensor_sizes_mib(512), largest("forward")
+    score = top[top.size_mib == sizes["score"]]
+    after = list(dict.fromkeys(top.size_mib[top.size_mib < sizes["score"]]))
+    return (top.size_mib.iloc[0] == sizes["score"] and score["site"].str.contains("naive_attention").all()
+            and score["count"].sum() == 4 * LAYERS and after[0] == sizes["ffn_hidden"]
+            and abs(after[1] - sizes["logits"]) <= 0.05)
+
+
+def _weight_sized_training_buffers() -> bool:
+    """Three feed-forward-weight-sized buffers per layer in the backward (gradients) and in the
+    optimizer (AdamW's sqrt(v), allocated in optim.py)."""
+    t = largest("train")
+    ffn = t[t.size_mib == ffn_weight_mib()]
+    return (set(ffn.phases) == {"backward", "optimizer"} and (ffn["count"] == 3 * LAYERS).all()
+            and ffn[ffn.phases == "optimizer"]["site"].str.contains("optim.py").all())
+
 
 # ---- (f): one block's residuals and gradients ----------------------------------------------------
 
@@ -217,8 +238,23 @@ def block_saved_table(context: int = 2048) -> str:
     return markdown_table(shown, formats={"MiB": ",.0f", "share": ".1%"})
 
 
+def _three_lines_hold_most() -> bool:
+    """softmax, then SwiGLU's three tensors, then the linear layers' four inputs save over 80%; the
+    next three lines tie; the softmax output and the mask grow as T^2 (16x from 512 to 2,048), the
+    rest as T (4x)."""
+    df = block_saved(2048)
+    tie = df["bytes"].iloc[3:6]
+    ratio = df.set_index("site")["bytes"] / block_saved(512).set_index("site")["bytes"]
+    softmax, mask = df.site.iloc[0], df[df.code.str.contains("masked_fill")].site.iloc[0]
+    return ("softmax" in df.code.iloc[0] and "silu" in df.code.iloc[1] and "linear" in df.code.iloc[2]
+            and df.tensors.iloc[1] == 3 and df.tensors.iloc[2] == 4 and df.share.iloc[0] > 0.45
+            and df.share.head(3).sum() > 0.8 and df["bytes"].iloc[2] > tie.max() and tie.max() / tie.min() < 1.001
+            and tie.min() > df["bytes"].iloc[6] and ratio[softmax] == ratio[mask] == 16
+            and (ratio.drop([softmax, mask]).round(3) == 4).all())
+
+
 def block_gradient_mib() -> float:
-    return block_parameter_bytes(get_config(SIZE)) / MiB
+    return block_parameter_bytes(CFG) / MiB
 
 
 def backward_fall_gib(context: int = SNAPSHOT_CONTEXT) -> float:
@@ -244,73 +280,284 @@ def block_gradient_measured_mib(context: int = SNAPSHOT_CONTEXT) -> float:
     """One block's gradients as the measured backward says. The backward frees everything saved
     (L blocks' residuals A, and the outside terms) and allocates every gradient (L blocks' G, and
     the outside ones): fall = L A + saved_out - L G - grads_out, solved for G."""
-    L = get_config(SIZE).num_layers
     A = block_saved(context)["bytes"].sum() / MiB
     saved_out, grads_out = outside_blocks_mib(context)
-    return (L * A + saved_out - grads_out - backward_fall_gib(context) * 1024) / L
+    return (LAYERS * A + saved_out - grads_out - backward_fall_gib(context) * 1024) / LAYERS
 
 
-def _mib(x: float) -> str:
-    return f"{x:,.0f}"
+# ---- gradient checkpointing: the model (A, c) and the H200 sweep over block sizes k ----------------
+
+CONTEXT = 2048  # the checkpointing problem's setting: xl (our 2.7B), batch 4, context 2048, fp32
+CKPT = get_config(SIZE, CONTEXT)
 
 
-FACTS = {
-    "memory.params_b": lambda: f"{count_parameters(get_config(SIZE))['total'] / 1e9:.2f}",
-    "memory.weights_mib": lambda: _mib(weights_mib()),
-    "memory.four_copies_mib": lambda: _mib(4 * weights_mib()),
-    "memory.train_before_mib": lambda: _mib(peak(512, "train", "fp32", "before_mib")),
-    "memory.train_peak_512_mib": lambda: _mib(peak(512, "train", "fp32")),
-    "memory.train_peak_512_bf16_mib": lambda: _mib(peak(512, "train", "bf16")),
-    "memory.train_extra_512_mib": lambda: _mib(peak(512, "train", "fp32", "extra_mib")),
-    "memory.train_extra_128_mib": lambda: _mib(peak(128, "train", "fp32", "extra_mib")),
-    "memory.train_extra_256_mib": lambda: _mib(peak(256, "train", "fp32", "extra_mib")),
-    "memory.train_extra_256_bf16_mib": lambda: _mib(peak(256, "train", "bf16", "extra_mib")),
-    "memory.fwd_before_mib": lambda: _mib(peak(512, "forward", "fp32", "before_mib")),
-    "memory.fwd_other_mib": lambda: _mib(peak(512, "forward", "fp32", "before_mib") - weights_mib()),
-    "memory.fwd_peak_512_mib": lambda: _mib(peak(512, "forward", "fp32")),
-    "memory.fwd_peak_512_bf16_mib": lambda: _mib(peak(512, "forward", "bf16")),
-    "memory.fwd_extra_mib": lambda: ", ".join(_mib(peak(c, "forward", "fp32", "extra_mib")) for c in (128, 256))
-    + " and " + _mib(peak(512, "forward", "fp32", "extra_mib")),
-    "memory.fwd_extra_128_bf16_mib": lambda: _mib(peak(128, "forward", "bf16", "extra_mib")),
-    "memory.fwd_extra_128_mib": lambda: _mib(peak(128, "forward", "fp32", "extra_mib")),
-    "memory.fwd_peak_2048_mib": lambda: _mib(peak(2048, "forward", "fp32")),
-    "memory.fwd_peak_128_mib": lambda: _mib(peak(128, "forward", "fp32")),
-    "memory.block_saved_2048_gib": lambda: f"{block_saved(2048)['bytes'].sum() / 2**30:.2f}",
-    "memory.block_top3_share": lambda: f"{block_saved(2048).share.head(3).sum():.0%}",
-    "memory.block_tie_mib": lambda: _mib(block_saved(2048)["bytes"].iloc[3] / MiB),
-    "memory.block_softmax_share": lambda: f"{block_saved(2048).share.iloc[0]:.0%}",
-    "memory.block_saved_512_mib": lambda: _mib(block_saved(512)["bytes"].sum() / MiB),
-    "memory.block_grad_mib": lambda: _mib(block_gradient_mib()),
-    "memory.backward_fall_gib": lambda: f"{backward_fall_gib():.2f}",
-    "memory.outside_saved_mib": lambda: _mib(outside_blocks_mib()[0]),
-    "memory.outside_grads_mib": lambda: _mib(outside_blocks_mib()[1]),
-    "memory.block_grad_measured_mib": lambda: _mib(block_gradient_measured_mib()),
-    "memory.train_peak_128_mib": lambda: _mib(peak(128, "train", "fp32")),
-    "memory.fwd_extra_2048_mib": lambda: _mib(peak(2048, "forward", "fp32", "extra_mib")),
-    "memory.fwd_peak_2048_bf16_mib": lambda: _mib(peak(2048, "forward", "bf16")),
-    "memory.train_2048_peak_at_oom_mib": lambda: _mib(oom(2048, "train", "fp32").peak_mib_at_oom),
-    "memory.train_2048_blocks_at_oom": lambda: f"{int(blocks_saved_at_oom())}",
-    "memory.resident_2048_mib": lambda: _mib(resident_mib(2048)),
-    "memory.activations_2048_mib": lambda: _mib(activations_mib(2048)),
-    "memory.first_step_2048_need_mib": lambda: _mib(resident_mib(2048) + activations_mib(2048)),
-    "memory.steady_step_2048_need_mib": lambda: _mib(resident_mib(2048) + 3 * weights_mib() + activations_mib(2048)),
-    "memory.bf16_extra_128_train_gap_mib": lambda: f"{peak(128, 'train', 'bf16', 'extra_mib') - peak(128, 'train', 'fp32', 'extra_mib'):.1f}",
-    "memory.train_2048_tried_mib": lambda: _mib(oom(2048, "train", "fp32").tried_mib),
-    "memory.capacity_mib": lambda: _mib(oom(2048, "train", "fp32").capacity_mib),
-    "memory.score_2048_layers_gib": lambda: f"{tensor_sizes_mib(2048)['score'] * get_config(SIZE).num_layers / 1024:g}",
-    "memory.timeline_offset_mib": lambda: _mib(peak(512, "train", "fp32", "before_mib")
-                                               - peak(512, "train", "fp32", "timeline_start_gib") * 1024),
-    "memory.ffn_weight_mib": lambda: f"{ffn_weight_mib():g}",
-    "memory.autocast_cache_mib": lambda: _mib(autocast_cache_mib()),
-    "memory.residual_512_allocations": lambda: str(int(residual().allocations_of_that_size)),
-    "memory.residual_adds": lambda: str(residual_adds()),
-    "memory.residual_adds_per_layer": lambda: str(residual_adds() // get_config(SIZE).num_layers),
-    "memory.residual_128_bytes": lambda: f"{residual_stream_bytes(BATCH, 128, get_config(SIZE).d_model, 4):,}",
-    "memory.residual_128_mib": lambda: f"{residual_stream_bytes(BATCH, 128, get_config(SIZE).d_model, 4) / MiB:g}",
-    "memory.residual_512_mib": lambda: f"{residual_stream_bytes(BATCH, 512, get_config(SIZE).d_model, 4) / MiB:g}",
-    "memory.score_mib": lambda: f"{tensor_sizes_mib()['score']:g}",
-    "memory.ffn_hidden_mib": lambda: f"{tensor_sizes_mib()['ffn_hidden']:g}",
-    "memory.logits_mib": lambda: f"{tensor_sizes_mib()['logits']:.1f}",
-    "memory.embedding_mib": lambda: f"{tensor_sizes_mib()['embedding']:.1f}",
-}
-register(FACTS)
+def block_bytes() -> float:
+    """A: bytes autograd saves for one block (the count's difference between 2 layers and 1)."""
+    one, two = (dataclasses.replace(CKPT, num_layers=n) for n in (1, 2))
+    return transformer_activation_bytes(two, BATCH, CONTEXT) - transformer_activation_bytes(one, BATCH, CONTEXT)
+
+
+def checkpoint_bytes() -> float:
+    """c: one segment input, the fp32 residual stream (batch, context, d_model)."""
+    return 4 * BATCH * CONTEXT * CKPT.d_model
+
+
+def k_star(A_gib: float) -> float:
+    """The continuous optimum sqrt(L c / A) of ceil(L/k) c + k A."""
+    return math.sqrt(LAYERS * checkpoint_bytes() / GiB / A_gib)
+
+
+def no_checkpointing_need_gib() -> float:
+    """Parameters and gradients (fp32) plus every saved activation: what k = 0 would hold."""
+    return (8 * count_parameters(CKPT)["total"] + transformer_activation_bytes(CKPT, BATCH, CONTEXT)) / GiB
+
+
+def capacity_gib() -> float:
+    """The GPU's capacity as its own out-of-memory message states it (the attention chapter's run)."""
+    return float(load_results("attention/oom_checks")["capacity_mib"].dropna().iloc[0]) / 1024
+
+
+def strategy_table() -> str:
+    """Problem (a)'s strategies at the 2026 xl's L, A and c: modelled peak and block forwards."""
+    df = pd.DataFrame(theory.strategy_table(LAYERS, block_bytes(), checkpoint_bytes()))
+    df["peak_bytes"] = df["peak_bytes"] / GiB
+    return markdown_table(df.rename(columns={"memory": "peak memory", "forwards": "block forwards",
+                                             "peak_bytes": "peak (GiB, modelled)",
+                                             "block_forwards": f"block forwards, L = {LAYERS}"}), floatfmt=".2f")
+
+
+def _strategies_ordered() -> bool:
+    """Peel-one is the least memory (c + A) and the most forwards (N + N(N-1)/2); binary nesting is
+    in between; the peel count grows as N^2, the binary one as N log N (double N and compare)."""
+    A, c = block_bytes(), checkpoint_bytes()
+    t = {r["strategy"].split(",")[0]: r for r in theory.strategy_table(LAYERS, A, c)}
+    peel, binary, single, none = (t[k] for k in ("peel one (memory-optimal)", "binary nesting", "single level", "none"))
+    growth = lambda n, split: theory.nested_forwards(2 * n, split) / theory.nested_forwards(n, split)
+    return (peel["peak_bytes"] == c + A and peel["peak_bytes"] < binary["peak_bytes"] < single["peak_bytes"]
+            < none["peak_bytes"] and peel["block_forwards"] == LAYERS + LAYERS * (LAYERS - 1) // 2
+            > binary["block_forwards"] > LAYERS
+            and all(abs(growth(n, "peel") / 4 - 1) < 0.05 and growth(n, "binary") < 2.5 for n in (64, 128)))
+
+
+def rows() -> pd.DataFrame:
+    """The newest row per block size at the handout's setting, in order of k."""
+    df = load_results("memory/checkpointing")
+    df = df[(df["size"] == SIZE) & (df["batch"] == BATCH) & (df["context"] == CONTEXT)]
+    df = newest(df, ["checkpoint_every", "dtype", "attention", "mode"])
+    return df.sort_values("checkpoint_every").reset_index(drop=True)
+
+
+def ok_rows() -> pd.DataFrame:
+    df = rows()
+    return df[df["status"] == "ok"].reset_index(drop=True)
+
+
+def block_size_table() -> str:
+    df = rows()
+    table = pd.DataFrame({
+        "k (blocks per segment)": df["checkpoint_every"].map(lambda k: "none" if k == 0 else str(k)),
+        "segments": df["checkpoint_every"].map(lambda k: math.ceil(LAYERS / k) if k else 0),
+        "status": df["status"], "peak (GiB)": df["peak_mem_gib"], "allocated at the cell's start (GiB)": df["params_gib"],
+        "saved after forward (GiB)": df["saved_after_forward_gib"], "step (s)": df["median_ms"] / 1e3})
+    return with_source(table, "memory/checkpointing", used=df, floatfmt=".2f")
+
+
+def measured_block_gib() -> float:
+    """A from the measurements: the slope, in k, of the peak minus ceil(L/k) c."""
+    df = ok_rows()
+    k = df["checkpoint_every"].to_numpy(float)
+    return float(np.polyfit(k, df["peak_mem_gib"] - np.ceil(LAYERS / k) * checkpoint_bytes() / GiB, 1)[0])
+
+
+def best() -> pd.Series:
+    df = ok_rows()
+    return df.loc[df["peak_mem_gib"].idxmin()]
+
+
+def neighbour(offset: int) -> pd.Series:
+    """The block size `offset` places from the best among every k the sweep ran."""
+    df = rows()
+    return df.iloc[int(df.index[df["checkpoint_every"] == best()["checkpoint_every"]][0]) + offset]
+
+
+def peak_figure():
+    """Measured peak per block size, the capacity, and the cells that ran out of memory."""
+    df, cap = rows(), capacity_gib()
+    good, bad = df[df["status"] == "ok"], df[df["status"] == "oom"]
+    fig, ax = new_figure(7.0, 3.6)
+    ax.plot(good["checkpoint_every"], good["peak_mem_gib"], "o-", label="allocator peak, forward + backward")
+    ax.axhline(cap, color="grey", linestyle=":", linewidth=1, label="the H200's capacity")
+    ax.plot(bad["checkpoint_every"], [cap] * len(bad), "x", color="C3", markersize=10, label="out of memory")
+    ax.set_xscale("symlog", base=2, linthresh=1)
+    ks = sorted(df["checkpoint_every"].unique())
+    ax.set_xticks(ks, ["none" if k == 0 else str(k) for k in ks])
+    ax.set(xlabel="k: blocks per checkpointed segment", ylabel="peak memory (GiB)", ylim=(0, cap * 1.1))
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(0.02, 0.62))
+    return fig
+
+
+_mib = lambda x: f"{x:,.0f}"
+
+register(
+    "memory",
+    facts={
+        "params_b": lambda: f"{count_parameters(CFG)['total'] / 1e9:.2f}",
+        "weights_mib": lambda: _mib(weights_mib()),
+        "four_copies_mib": lambda: _mib(4 * weights_mib()),
+        "train_before_mib": lambda: _mib(peak(512, "train", "fp32", "before_mib")),
+        "train_peak_512_mib": lambda: _mib(peak(512, "train")),
+        "train_peak_512_bf16_mib": lambda: _mib(peak(512, "train", "bf16")),
+        "train_extra_512_mib": lambda: _mib(extra(512, "train")),
+        "train_extra_128_mib": lambda: _mib(extra(128, "train")),
+        "train_extra_256_mib": lambda: _mib(extra(256, "train")),
+        "train_extra_256_bf16_mib": lambda: _mib(extra(256, "train", "bf16")),
+        "fwd_before_mib": lambda: _mib(resident_mib(512)),
+        "fwd_other_mib": lambda: _mib(resident_mib(512) - weights_mib()),
+        "fwd_peak_512_mib": lambda: _mib(peak(512, "forward")),
+        "fwd_peak_512_bf16_mib": lambda: _mib(peak(512, "forward", "bf16")),
+        "fwd_extra_mib": lambda: f"{_mib(extra(128, 'forward'))}, {_mib(extra(256, 'forward'))} and {_mib(extra(512, 'forward'))}",
+        "fwd_extra_128_bf16_mib": lambda: _mib(extra(128, "forward", "bf16")),
+        "fwd_extra_128_mib": lambda: _mib(extra(128, "forward")),
+        "fwd_peak_2048_mib": lambda: _mib(peak(2048, "forward")),
+        "fwd_peak_128_mib": lambda: _mib(peak(128, "forward")),
+        "block_saved_2048_gib": lambda: f"{block_saved(2048)['bytes'].sum() / GiB:.2f}",
+        "block_top3_share": lambda: f"{block_saved(2048).share.head(3).sum():.0%}",
+        "block_tie_mib": lambda: _mib(block_saved(2048)["bytes"].iloc[3] / MiB),
+        "block_softmax_share": lambda: f"{block_saved(2048).share.iloc[0]:.0%}",
+        "block_saved_512_mib": lambda: _mib(block_saved(512)["bytes"].sum() / MiB),
+        "block_grad_mib": lambda: _mib(block_gradient_mib()),
+        "backward_fall_gib": lambda: f"{backward_fall_gib():.2f}",
+        "outside_saved_mib": lambda: _mib(outside_blocks_mib()[0]),
+        "outside_grads_mib": lambda: _mib(outside_blocks_mib()[1]),
+        "block_grad_measured_mib": lambda: _mib(block_gradient_measured_mib()),
+        "train_peak_128_mib": lambda: _mib(peak(128, "train")),
+        "fwd_extra_2048_mib": lambda: _mib(extra(2048, "forward")),
+        "fwd_peak_2048_bf16_mib": lambda: _mib(peak(2048, "forward", "bf16")),
+        "train_2048_peak_at_oom_mib": lambda: _mib(oom(2048, "train", "fp32").peak_mib_at_oom),
+        "train_2048_blocks_at_oom": lambda: int(blocks_saved_at_oom()),
+        "resident_2048_mib": lambda: _mib(resident_mib(2048)),
+        "activations_2048_mib": lambda: _mib(activations_mib(2048)),
+        "first_step_2048_need_mib": lambda: _mib(resident_mib(2048) + activations_mib(2048)),
+        "steady_step_2048_need_mib": lambda: _mib(resident_mib(2048) + 3 * weights_mib() + activations_mib(2048)),
+        "bf16_extra_128_train_gap_mib": lambda: f"{extra(128, 'train', 'bf16') - extra(128, 'train'):.1f}",
+        "train_2048_tried_mib": lambda: _mib(oom(2048, "train", "fp32").tried_mib),
+        "capacity_mib": lambda: _mib(oom(2048, "train", "fp32").capacity_mib),
+        "score_2048_layers_gib": lambda: f"{tensor_sizes_mib(2048)['score'] * LAYERS / 1024:g}",
+        "timeline_offset_mib": lambda: _mib(resident_offset_mib()[0]),
+        "ffn_weight_mib": lambda: f"{ffn_weight_mib():g}",
+        "autocast_cache_mib": lambda: _mib(autocast_cache_mib()),
+        "residual_512_allocations": lambda: int(residual().allocations_of_that_size),
+        "residual_adds": lambda: residual_adds(),
+        "residual_adds_per_layer": lambda: residual_adds() // LAYERS,
+        "residual_128_bytes": lambda: f"{residual_stream_bytes(BATCH, 128, CFG.d_model, 4):,}",
+        "residual_128_mib": lambda: f"{residual_mib(128):g}",
+        "residual_512_mib": lambda: f"{residual_mib(512):g}",
+        "score_mib": lambda: f"{tensor_sizes_mib()['score']:g}",
+        "ffn_hidden_mib": lambda: f"{tensor_sizes_mib()['ffn_hidden']:g}",
+        "logits_mib": lambda: f"{tensor_sizes_mib()['logits']:.1f}",
+        "embedding_mib": lambda: f"{tensor_sizes_mib()['embedding']:.1f}",
+        # checkpointing.md
+        "ckpt_layers": lambda: LAYERS,
+        "ckpt_capacity_gib": lambda: f"{capacity_gib():.1f}",
+        "ckpt_none_need_gib": lambda: f"{no_checkpointing_need_gib():.0f}",
+        "ckpt_a_count_gib": lambda: f"{block_bytes() / GiB:.2f}",
+        "ckpt_c_mib": lambda: f"{checkpoint_bytes() / MiB:.0f}",
+        "ckpt_k_star_count": lambda: f"{k_star(block_bytes() / GiB):.2f}",
+        "ckpt_binary_forwards": lambda: theory.nested_forwards(LAYERS, "binary"),
+        "ckpt_peel_forwards": lambda: theory.nested_forwards(LAYERS, "peel"),
+        "ckpt_k_best": lambda: int(best()["checkpoint_every"]),
+        "ckpt_peak_best_gib": lambda: f"{best()['peak_mem_gib']:.1f}",
+        "ckpt_k_larger": lambda: int(neighbour(1)["checkpoint_every"]),
+        "ckpt_peak_larger_gib": lambda: f"{neighbour(1)['peak_mem_gib']:.1f}",
+        "ckpt_warmup": lambda: int(ok_rows()["warmup"].iloc[0]),
+        "ckpt_steps": lambda: int(ok_rows()["steps"].iloc[0]),
+        "ckpt_k_max": lambda: int(rows()["checkpoint_every"].max()),
+        "ckpt_a_measured_gib": lambda: f"{measured_block_gib():.2f}",
+        "ckpt_k_star_measured": lambda: f"{k_star(measured_block_gib()):.2f}",
+        "ckpt_step_s_min": lambda: f"{ok_rows()['median_ms'].min() / 1e3:.2f}",
+        "ckpt_step_s_max": lambda: f"{ok_rows()['median_ms'].max() / 1e3:.2f}",
+        "ckpt_step_spread_pct": lambda: f"{100 * (ok_rows()['median_ms'].max() / ok_rows()['median_ms'].min() - 1):.0f}",
+    },
+    tables={
+        "peaks": peaks_table, "start": start_table, "residual_derivation": residual_derivation,
+        "residual_sites": residual_sites_table, "largest_forward": lambda: largest_table("forward", 8),
+        "largest_train": lambda: largest_table("train"), "block_saved": block_saved_table,
+        "ckpt_strategies": strategy_table, "ckpt_block_sizes": block_size_table,
+    },
+    figures={
+        "timeline_512_train": lambda: timeline_figure(512, "train"),
+        "timeline_512_forward": lambda: timeline_figure(512, "forward"),
+        "timeline_2048_forward": lambda: timeline_figure(2048, "forward"), "ckpt_peaks": peak_figure,
+    },
+    claims={
+        # (a): weights, gradients and two moments; the rest is small buffers (under 2%)
+        "training_starts_from_four_copies": lambda: all(
+            near(peak(512, "train", dt, "before_mib"), 4 * weights_mib(), 0.02) for dt in ("fp32", "bf16")),
+        # the offset is block rounding, not activations: the same to 1 MiB
+        "timeline_offset_same_at_both_ends": lambda: abs(resident_offset_mib()[0] - resident_offset_mib()[1]) <= 1.0,
+        "inference_adds_little": lambda: [extra(c, "forward") for c in (128, 256, 512)]
+        == sorted(extra(c, "forward") for c in (128, 256, 512)) and extra(512, "forward") < 0.05 * weights_mib()
+        and near(resident_mib(512), weights_mib(), 0.02),
+        "short_contexts_peak_at_the_optimizer_temporary": lambda: all(
+            near(extra(c, "train"), ffn_weight_mib(), 0.02) for c in (128, 256)),
+        "activations_set_the_512_peak": lambda: extra(512, "train") > 10 * ffn_weight_mib(),
+        "inference_extra_at_2048_is_the_scores": lambda: extra(2048, "forward") > 10 * extra(512, "forward")
+        and extra(2048, "forward") > tensor_sizes_mib(2048)["score"],
+        "forward_fits_at_2048_training_does_not": lambda: all(
+            peak(2048, "forward", dt) < oom(2048, "train", "fp32").capacity_mib
+            and cells().loc[(2048, "train", dt)].status == "oom" for dt in ("fp32", "bf16")),
+        "activations_nearly_fill_the_gpu": lambda: 0.9 < activations_mib(2048) / oom(2048, "train", "fp32").capacity_mib < 1,
+        # 30.x blocks saved means the first forward: a steady-state step (3 more copies resident,
+        # about 6 blocks' worth) would have failed before block 26
+        "first_step_cannot_fit": lambda: resident_mib(2048) + activations_mib(2048) > oom(2048, "train", "fp32").capacity_mib
+        and 29 < blocks_saved_at_oom() < 32,
+        "failed_request_was_one_score_matrix": lambda: CFG.num_heads == CFG.num_layers == 32 and all(
+            oom(2048, "train", dt).tried_mib == tensor_sizes_mib(2048)["score"] == 4 * 32 * 2048**2 * 4 / MiB
+            for dt in ("fp32", "bf16")),
+        "bf16_raises_every_peak": lambda: all(
+            r.extra_mib > peaks().loc[(c, m, "fp32")].extra_mib for (c, m, dt), r in peaks().iterrows()
+            if dt == "bf16" and (c, m, "fp32") in peaks().index)
+        and 0 < extra(128, "train", "bf16") - extra(128, "train") < 1 and near(extra(128, "train"), ffn_weight_mib(), 0.01),
+        "bf16_training_peak_like_fp32": lambda: all(near(peak(c, "train", "bf16"), peak(c, "train"), 0.05) for c in (128, 256, 512)),
+        "bf16_inference_peak_higher": lambda: all(peak(c, "forward", "bf16") > peak(c, "forward") for c in (128, 256, 512)),
+        "bf16_extra_is_the_weight_cache": lambda: near(extra(128, "forward", "bf16"), autocast_cache_mib(), 0.02),
+        "cache_lifts_the_256_training_peak": lambda: extra(256, "train", "bf16") > 2 * extra(256, "train"),
+        "residual_adds_allocate_the_stream": lambda: residual().expected_mib == residual_mib(512)
+        and residual_adds() == 2 * LAYERS and residual().allocations_of_that_size > residual_adds(),
+        "largest_forward_are_scores_swiglu_logits": _largest_forward_as_answered,
+        "training_adds_weight_sized_buffers": _weight_sized_training_buffers,
+        "three_lines_hold_most_of_a_block": _three_lines_hold_most,
+        # every tensor the backward frees or allocates is counted and the levels are exact allocator
+        # counts, so what remains (the loss scalar, its gradient) is bytes to KiB: 0.1 MiB per block
+        # is far above that and below a block's smallest tensor that matters (20 MiB)
+        "measured_backward_gives_the_gradients": lambda: abs(block_gradient_measured_mib() - block_gradient_mib()) < 0.1,
+        "block_count_is_checkpointings_a": lambda: block_saved(2048)["bytes"].sum() == block_bytes(),
+        # checkpointing.md
+        "the_2026_xl_is_our_2_7b": lambda: (CKPT.d_model, CKPT.d_ff, CKPT.num_layers, CKPT.num_heads) == (2560, 10240, 32, 32)
+        and tuple(getattr(get_config("xl"), f) for f in ("d_model", "d_ff", "num_layers", "num_heads")) == (1600, 6400, 48, 25),
+        "peel_is_least_memory_most_forwards": _strategies_ordered,
+        "k_star_below_one": lambda: block_bytes() > 10 * checkpoint_bytes() and k_star(block_bytes() / GiB) < 1
+        and k_star(measured_block_gib()) < 1
+        and theory.best_block_size(LAYERS, block_bytes(), checkpoint_bytes())["k_best"] == 1 == int(best()["checkpoint_every"]),
+        "best_and_its_neighbours": lambda: best()["peak_mem_gib"] == ok_rows()["peak_mem_gib"].min() < neighbour(1)["peak_mem_gib"]
+        and int(neighbour(1)["checkpoint_every"]) == 2 and neighbour(1)["status"] == "ok"
+        and int(neighbour(-1)["checkpoint_every"]) == 0 and neighbour(-1)["status"] == "oom",
+        "no_checkpointing_cannot_fit": lambda: no_checkpointing_need_gib() > capacity_gib(),
+        # agreement within 15% (either value puts k* below 1)
+        "measured_a_matches_the_count": lambda: near(measured_block_gib(), block_bytes() / GiB, 0.15),
+        "saved_shrinks_peak_grows": lambda: ok_rows()["saved_after_forward_gib"].is_monotonic_decreasing
+        and ok_rows()["peak_mem_gib"].is_monotonic_increasing,
+        "one_segment_runs_out_of_memory": lambda: int(rows().iloc[-1]["checkpoint_every"]) == LAYERS
+        and rows().iloc[-1]["status"] == "oom",
+        "step_time_ignores_k": lambda: ok_rows()["median_ms"].max() / ok_rows()["median_ms"].min() - 1 < 0.10,
+        # within 0.1 GiB, far below one block's residuals (a leaked graph of a forward is GiBs)
+        "every_cell_starts_alike": lambda: ok_rows()["params_gib"].max() - ok_rows()["params_gib"].min() < 0.1
+        and ok_rows()["warmup"].nunique() == 1 and ok_rows()["steps"].nunique() == 1,
+    },
+)
+
+
+def resident_offset_mib() -> tuple[float, float]:
+    """How far the timeline sits below the allocator's counter, at the start and at the peak."""
+    start = peak(512, "train", "fp32", "before_mib") - peak(512, "train", "fp32", "timeline_start_gib") * 1024
+    return start, peak(512, "train") - peak(512, "train", "fp32", "timeline_peak_gib") * 1024

@@ -1,8 +1,9 @@
-"""The mixed-precision chapter: the accumulation loops, autocast's dtypes, bf16 against fp32 timings.
+"""The mixed-precision chapter's numbers: the accumulation loops, autocast's dtypes, bf16 against fp32
+(docs/mixed-precision.md), and the bf16 cells measured twice (docs/mixed-precision/bf16-timings.md).
 
-The accumulation rows and the autocast dtypes come from results/mixed-precision/; the binade walk is
-computed when the page is built (it is IEEE arithmetic, the same on any machine); the timings are
-the end-to-end grid's (results/end-to-end/timings/), fp32 against bf16 autocast.
+Rows: results/mixed-precision/ and the end-to-end grid (results/end-to-end/timings/, fp32 against
+bf16 autocast; a re-measured cell keeps its first row). The binade walk is computed when the page is
+built: it is IEEE arithmetic, the same on any machine.
 """
 
 from __future__ import annotations
@@ -12,21 +13,26 @@ import torch
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
-from report.profiling import SIZES, newest, ok, pm, register, with_source
-from report.results import load_results, markdown_table, results_table
+from report.profiling import SIZES, by_size, kernel_cells
+from report.registry import register
+from report.results import load_results, markdown_table, newest, ok, with_source
+from report.units import pm, span
 
 MODES = ("forward", "forward-backward", "train")
 KEY = ["size", "mode", "dtype"]
+FP16_ADDEND = float(torch.tensor(ADDEND, dtype=torch.float16))  # 0.01 as fp16 stores it
+AUTOCAST_TENSORS = {"parameters": "parameters (inside autocast)", "fc1": "fc1 output", "ln": "layer-norm output",
+                    "logits": "logits", "loss": "loss", "gradients": "gradients"}
 
 
 # ---- mixed_precision_accumulation --------------------------------------------------------------------
 
 def accumulation_table() -> str:
-    return results_table("mixed-precision/accumulation",
-                         columns=["device_type", "loop", "value_repr", "error", "addend_as_stored"],
-                         rename={"device_type": "device", "value_repr": "result (exact float)",
-                                 "error": "result - 10", "addend_as_stored": "0.01 as stored in the addend's dtype"},
-                         sort=["device_type", "loop"], floatfmt=".6g")
+    df = load_results("mixed-precision/accumulation").sort_values(["device_type", "loop"])
+    shown = df[["device_type", "loop", "value_repr", "error", "addend_as_stored"]].rename(columns={
+        "device_type": "device", "value_repr": "result (exact float)", "error": "result - 10",
+        "addend_as_stored": "0.01 as stored in the addend's dtype"})
+    return with_source(shown, "mixed-precision/accumulation", floatfmt=".6g")
 
 
 def accumulation() -> pd.DataFrame:
@@ -45,8 +51,7 @@ def binades(dtype: torch.dtype = torch.float16) -> pd.DataFrame:
 
 
 def binade_table() -> str:
-    df = binades().reset_index()
-    shown = df[["binade", "ulp", "addend_in_ulps", "adds", "added_per_add"]].rename(
+    shown = binades().reset_index()[["binade", "ulp", "addend_in_ulps", "adds", "added_per_add"]].rename(
         columns={"addend_in_ulps": "0.01 / ulp", "added_per_add": "what one add really added"})
     return markdown_table(shown, floatfmt=".6g") + "\n\n*Computed when this page was built (CPU).*"
 
@@ -61,17 +66,31 @@ def fp32_systematic_error() -> float:
     return float(((b.added_per_add - ADDEND) * b.adds).sum())
 
 
+def _mixed_loops_exact() -> bool:
+    """Both mixed loops give the same sum, exactly N_ADDS x the fp16 addend. Exact: the fp16 addend
+    has 11 significant bits, its lowest at 2^-17; every partial sum below 16 is then a multiple of
+    2^-17 under 2^4, at most 21 bits, which fp32 (24) holds."""
+    acc = accumulation()
+    return all(acc.loc[(d, "fp32 += fp16"), "value"] == acc.loc[(d, "fp32 += fp16.type(fp32)"), "value"]
+               == N_ADDS * FP16_ADDEND for d in ("cuda", "cpu"))
+
+
 # ---- benchmarking_mixed_precision (a): autocast's dtypes -----------------------------------------------
-
-def autocast_table() -> str:
-    return results_table("mixed-precision/autocast_dtypes",
-                         pivot={"index": ["device_type", "tensor"], "columns": "autocast", "values": "dtype"})
-
 
 def autocast_dtypes(device_type: str = "cuda", autocast: str = "fp16") -> dict[str, str]:
     df = load_results("mixed-precision/autocast_dtypes")
     df = df[(df["device_type"] == device_type) & (df["autocast"] == autocast)]
     return dict(zip(df["tensor"], df["dtype"]))
+
+
+def _autocast_as_answered(device: str) -> bool:
+    """Parameters, loss and gradients fp32, linear outputs low; layer norm fp32 on the GPU only."""
+    for low, name in (("fp16", "float16"), ("bf16", "bfloat16")):
+        d = autocast_dtypes(device, low)
+        fp32 = ("parameters (inside autocast)", "loss", "gradients") + (("layer-norm output",) if device == "cuda" else ())
+        if any(d[t] != "float32" for t in fp32) or d["fc1 output"] != name or d["logits"] != name:
+            return False
+    return True
 
 
 # ---- benchmarking_mixed_precision (c): bf16 against fp32 --------------------------------------------------
@@ -96,41 +115,171 @@ def precision_table() -> str:
     return with_source(pd.DataFrame(rows), "end-to-end/timings", used=t)
 
 
-def spread() -> pd.DataFrame:
-    """std / mean of each newest cell, indexed by (size, mode, dtype)."""
-    t = newest(ok("end-to-end/timings"), KEY).set_index(KEY)
+def spread(dtype: str) -> pd.Series:
+    """std / mean of each newest cell of one dtype."""
+    t = newest(ok("end-to-end/timings"), KEY)
+    t = t[t["dtype"] == dtype]
     return t.std_ms / t.mean_ms
 
 
-FP16_ADDEND = float(torch.tensor(ADDEND, dtype=torch.float16))  # 0.01 as fp16 stores it
-AUTOCAST_TENSORS = {"parameters": "parameters (inside autocast)", "fc1": "fc1 output", "ln": "layer-norm output",
-                    "logits": "logits", "loss": "loss", "gradients": "gradients"}
+# ---- bf16-timings.md: the cells measured twice ----------------------------------------------------------
 
-register({
-    # mixed_precision_accumulation
-    "mixed_precision.fp32_result": lambda: f"{_gpu('fp32 += fp32'):.6f}",
-    "mixed_precision.fp16_result": lambda: f"{_gpu('fp16 += fp16'):.6f}",
-    "mixed_precision.fp16_error": lambda: f"{-_gpu('fp16 += fp16', 'error'):g}",
-    "mixed_precision.mixed_result": lambda: f"{_gpu('fp32 += fp16'):.6f}",
-    "mixed_precision.addend_fp16": lambda: repr(FP16_ADDEND),
-    "mixed_precision.addend_fp16_times_n": lambda: f"{N_ADDS * FP16_ADDEND:.6f}",
-    "mixed_precision.ulp_4_8": lambda: f"{_binade('[4, 8)', 'ulp'):g}",
-    "mixed_precision.ulps_4_8": lambda: f"{_binade('[4, 8)', 'addend_in_ulps'):.2f}",
-    "mixed_precision.step_4_8": lambda: f"{_binade('[4, 8)', 'added_per_add'):.4f}",
-    "mixed_precision.ulp_8_16": lambda: f"{_binade('[8, 16)', 'ulp'):g}",
-    "mixed_precision.ulps_8_16": lambda: f"{_binade('[8, 16)', 'addend_in_ulps'):.2f}",
-    "mixed_precision.step_8_16": lambda: f"{_binade('[8, 16)', 'added_per_add'):.7f}",
-    "mixed_precision.adds_8_16": lambda: f"{_binade('[8, 16)', 'adds'):.0f}",
-    "mixed_precision.fp32_step_error_8_16": lambda: f"{_binade('[8, 16)', 'added_per_add', torch.float32) - ADDEND:+.2g}",
-    "mixed_precision.fp32_systematic_error": lambda: f"{fp32_systematic_error():+.6f}",
-    # benchmarking_mixed_precision (a): mixed_precision.cuda_fp16_fc1 and so on
-    **{f"mixed_precision.{device}_{dtype}_{short}": (lambda d=device, a=dtype, t=tensor: f"`{autocast_dtypes(d, a)[t]}`")
-       for device in ("cuda", "cpu") for dtype in ("fp16", "bf16") for short, tensor in AUTOCAST_TENSORS.items()},
-    # (c)
-    "mixed_precision.speedup_small_train": lambda: f"{speedups().loc['small', 'train']:.2f}",
-    "mixed_precision.speedup_large_fb": lambda: f"{speedups().loc['2.7B', 'forward-backward']:.1f}",
-    "mixed_precision.speedup_large_fwd": lambda: f"{speedups().loc['2.7B', 'forward']:.1f}",
-    "mixed_precision.peak_ratio": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}",
-    "mixed_precision.bf16_cv_max": lambda: f"{spread().xs('bf16', level='dtype').max():.0%}",
-    "mixed_precision.fp32_cv_max": lambda: f"{spread().xs('fp32', level='dtype').max():.1%}",
-})
+def remeasured_rows() -> pd.DataFrame:
+    """One row per timing cell measured more than once: its first and newest run and, where the newest
+    sampled the GPU (--record-clocks), the SM clock's range, its maximum and the power's range."""
+    out = []
+    for cell, g in ok("end-to-end/timings").sort_values("time_utc").groupby(KEY, sort=False):
+        if len(g) < 2:
+            continue
+        a, b = g.iloc[0], g.iloc[-1]
+        samples = b.get("clock_samples") if isinstance(b.get("clock_samples"), list) else []
+        sm = [x[1] for x in samples if x[1] is not None]
+        top = [x[2] for x in samples if x[2] is not None] or sm
+        watts = [x[3] for x in samples if x[3] is not None]
+        out.append({**dict(zip(KEY, cell)), "first_ms": a.mean_ms, "first_std_ms": a.std_ms,
+                    "new_ms": b.mean_ms, "new_std_ms": b.std_ms, "change": b.mean_ms / a.mean_ms - 1,
+                    "samples": len(samples), "sm_min": min(sm, default=None), "sm_max": max(sm, default=None),
+                    "sm_top": max(top, default=None), "w_min": min(watts, default=None),
+                    "w_max": max(watts, default=None)})
+    df = pd.DataFrame(out)
+    return by_size(df) if not df.empty else df
+
+
+def _range(lo, hi) -> str:
+    if lo is None or pd.isna(lo):
+        return "—"
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}-{hi:.0f}"
+
+
+def remeasured_table() -> str:
+    r = remeasured_rows()
+    shown = pd.DataFrame({
+        "size": r["size"], "mode": r["mode"], "dtype": r["dtype"],
+        "first run ms": [pm(m, s) for m, s in zip(r.first_ms, r.first_std_ms)],
+        "re-run ms (in the table)": [pm(m, s) for m, s in zip(r.new_ms, r.new_std_ms)],
+        "change": r["change"].map("{:+.0%}".format),
+        "SM clock MHz (re-run)": [_range(a, b) for a, b in zip(r.sm_min, r.sm_max)],
+        "power W (re-run)": [_range(a, b) for a, b in zip(r.w_min, r.w_max)], "clock samples": r["samples"]})
+    return with_source(shown, "end-to-end/timings", used=ok("end-to-end/timings").merge(r[KEY], on=KEY))
+
+
+def fp32_repeats() -> pd.DataFrame:
+    """The same fp32 cell timed by two sweeps in separate processes: the timing grid and the eager
+    cells of the torch.compile sweep (context 512, batch 4, 5 warm-up and 10 steps in both)."""
+    from report.attention import compile_rows  # the compile sweep's rows live with that chapter
+
+    t = newest(ok("end-to-end/timings"), KEY)
+    t = t[t["dtype"] == "fp32"].set_index(["size", "mode"]).mean_ms
+    c = compile_rows()
+    c = c[~c["compile"] & (c["dtype"] == "fp32")].set_index(["size", "mode"]).mean_ms
+    return by_size(pd.DataFrame([{"size": s, "mode": m, "timing grid ms": t[(s, m)], "compile sweep (eager) ms": c[(s, m)],
+                                  "difference": c[(s, m)] / t[(s, m)] - 1} for s, m in c.index if (s, m) in t.index]))
+
+
+def _fp32_repeat(sizes: list[str]) -> float:
+    f = fp32_repeats()
+    return f[f["size"].isin(sizes)].difference.abs().max()
+
+
+def python_us_per_launch() -> float:
+    """Python time per kernel launch where launches set the pace: the small model at its shortest
+    context, its unprofiled fp32 forward over its launches in the profile."""
+    k = kernel_cells()
+    small = k[k["size"] == "small"].sort_values("context").iloc[0]
+    return small.fwd_python_ms * 1e3 / small.fwd_launches
+
+
+def launch_estimate() -> pd.DataFrame:
+    """What launching an fp32 forward's kernels alone would take at context 512, at the Python time
+    per launch of the launch-bound small model at context 128, next to the bf16 forwards measured."""
+    us, k = python_us_per_launch(), kernel_cells()
+    k512 = k[k["context"] == 512].set_index("size")
+    r = remeasured_rows()
+    fwd = r[(r["mode"] == "forward") & (r["dtype"] == "bf16")].set_index("size")
+    return pd.DataFrame([{"size": s, "fp32 forward launches": int(k512.loc[s, "fwd_launches"]),
+                          "launch time ms (estimate)": k512.loc[s, "fwd_launches"] * us / 1e3,
+                          "bf16 forward, first run ms": fwd.loc[s, "first_ms"],
+                          "bf16 forward, re-run ms": fwd.loc[s, "new_ms"]} for s in fwd.index])
+
+
+def _launching_takes_the_bf16_time() -> bool:
+    """Same order of magnitude: each bf16 forward within 3x of the launch estimate, either way."""
+    e = launch_estimate()
+    return all((e[c] / e["launch time ms (estimate)"]).between(1 / 3, 3).all()
+               for c in ("bf16 forward, first run ms", "bf16 forward, re-run ms"))
+
+
+register(
+    "mixed_precision",
+    facts={
+        "fp32_result": lambda: f"{_gpu('fp32 += fp32'):.6f}",
+        "fp16_result": lambda: f"{_gpu('fp16 += fp16'):.6f}",
+        "fp16_error": lambda: f"{-_gpu('fp16 += fp16', 'error'):g}",
+        "mixed_result": lambda: f"{_gpu('fp32 += fp16'):.6f}",
+        "addend_fp16": lambda: repr(FP16_ADDEND),
+        "addend_fp16_times_n": lambda: f"{N_ADDS * FP16_ADDEND:.6f}",
+        "ulp_4_8": lambda: f"{_binade('[4, 8)', 'ulp'):g}",
+        "ulps_4_8": lambda: f"{_binade('[4, 8)', 'addend_in_ulps'):.2f}",
+        "step_4_8": lambda: f"{_binade('[4, 8)', 'added_per_add'):.4f}",
+        "ulp_8_16": lambda: f"{_binade('[8, 16)', 'ulp'):g}",
+        "ulps_8_16": lambda: f"{_binade('[8, 16)', 'addend_in_ulps'):.2f}",
+        "step_8_16": lambda: f"{_binade('[8, 16)', 'added_per_add'):.7f}",
+        "adds_8_16": lambda: f"{_binade('[8, 16)', 'adds'):.0f}",
+        "fp32_step_error_8_16": lambda: f"{_binade('[8, 16)', 'added_per_add', torch.float32) - ADDEND:+.2g}",
+        "fp32_systematic_error": lambda: f"{fp32_systematic_error():+.6f}",
+        # (a): mixed_precision.cuda_fp16_fc1 and so on
+        **{f"cuda_fp16_{short}": (lambda t=tensor: f"`{autocast_dtypes()[t]}`") for short, tensor in AUTOCAST_TENSORS.items()},
+        # (c)
+        "speedup_small_train": lambda: f"{speedups().loc['small', 'train']:.2f}",
+        "speedup_large_fb": lambda: f"{speedups().loc['2.7B', 'forward-backward']:.1f}",
+        "speedup_large_fwd": lambda: f"{speedups().loc['2.7B', 'forward']:.1f}",
+        "peak_ratio": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}",
+        "bf16_cv_max": lambda: f"{spread('bf16').max():.0%}",
+        "fp32_cv_max": lambda: f"{spread('fp32').max():.1%}",
+        # bf16-timings.md
+        "launch_us": lambda: f"{python_us_per_launch():.0f}",
+        "remeasured_change": lambda: span(remeasured_rows().change, "+.0%"),
+        "remeasured_change_max": lambda: f"{remeasured_rows().change.abs().max():.0%}",
+        "rerun_cv_max": lambda: f"{(remeasured_rows().new_std_ms / remeasured_rows().new_ms).max():.0%}",
+        "clock_samples": lambda: int(remeasured_rows().samples.sum()),
+        "sm_clock_range": lambda: f"{remeasured_rows().sm_min.min():.0f} to {remeasured_rows().sm_max.max():.0f}",
+        "sm_clock_top": lambda: f"{remeasured_rows().sm_top.max():.0f}",
+        "fp32_repeat_big": lambda: f"{_fp32_repeat(['large', 'xl', '2.7B']):.1%}",
+        "fp32_repeat_small": lambda: f"{_fp32_repeat(['small']):.0%}",
+    },
+    tables={
+        "accumulation": accumulation_table, "binades": binade_table, "precision": precision_table,
+        "autocast": lambda: with_source(load_results("mixed-precision/autocast_dtypes").pivot_table(
+            index=["device_type", "tensor"], columns="autocast", values="dtype", aggfunc="first").reset_index()
+            .rename_axis(columns=None), "mixed-precision/autocast_dtypes"),
+        "remeasured": remeasured_table,
+        "fp32_repeats": lambda: markdown_table(fp32_repeats(), floatfmt=",.1f", formats={"difference": "+.1%"}),
+        "launch_estimate": lambda: markdown_table(launch_estimate(), floatfmt=".0f"),
+    },
+    claims={
+        "fp32_nearly_exact_fp16_not": lambda: all(
+            abs(accumulation().loc[(d, "fp32 += fp32"), "error"]) < 1e-3 < abs(accumulation().loc[(d, "fp16 += fp16"), "error"])
+            for d in ("cuda", "cpu")),
+        "mixed_loops_err_by_the_rounded_addend": _mixed_loops_exact,
+        "cpu_and_gpu_bit_identical": lambda: (accumulation().xs("cuda").value == accumulation().xs("cpu").value).all(),
+        "rounds_up_to_three_ulps": lambda: abs(_binade("[4, 8)", "added_per_add") / _binade("[4, 8)", "ulp") - 3) < 0.01,
+        "rounds_down_to_one_ulp": lambda: _binade("[8, 16)", "added_per_add") == _binade("[8, 16)", "ulp")
+        and binades().index[-1] == "[8, 16)",
+        "fp32_error_is_its_roundings": lambda: abs(fp32_systematic_error() / _gpu("fp32 += fp32", "error") - 1) < 1e-6,
+        "autocast_dtypes_as_answered": lambda: _autocast_as_answered("cuda"),
+        "cpu_autocast_keeps_layer_norm_low": lambda: _autocast_as_answered("cpu") and all(
+            autocast_dtypes("cpu", low)["layer-norm output"] == name for low, name in (("fp16", "float16"), ("bf16", "bfloat16"))),
+        "speedup_grows_with_size": lambda: all(speedups()[m].is_monotonic_increasing for m in MODES),
+        "small_train_gains_nothing": lambda: speedups().loc["small", "train"] < 1.05 and speedups().loc["2.7B"].min() > 2,
+        "bf16_noisier_than_fp32": lambda: spread("bf16").max() > spread("fp32").max(),
+        "remeasured_are_the_big_bf16_cells": lambda: set(remeasured_rows()["size"]) == {"large", "xl", "2.7B"}
+        and set(remeasured_rows()["dtype"]) == {"bf16"},
+        "remeasured_moved": lambda: remeasured_rows().change.abs().max() > 0.2,
+        "clock_held": lambda: remeasured_rows().sm_min.min() >= 0.95 * remeasured_rows().sm_top.max(),
+        "first_runs_break_large_ordering": lambda: (lambda s: s["large"] <= s["medium"])(
+            speedups(newest(ok("end-to-end/timings"), KEY, keep="first"))["forward"]),
+        "fp32_repeats_agree": lambda: _fp32_repeat(["large", "xl", "2.7B"]) < 0.02
+        and _fp32_repeat(["small"]) > _fp32_repeat(["large", "xl", "2.7B"]) and set(fp32_repeats()["size"]) == set(SIZES),
+        "launching_takes_the_bf16_time": _launching_takes_the_bf16_time,
+    },
+)

@@ -1,15 +1,10 @@
-"""The "Choosing a parallelism" chapter: each problem's values, the bounds table and figures, facts.
+"""The "Choosing a parallelism" chapter's numbers (docs/parallelism.md, docs/parallelism/runs.md).
 
-Nothing here is a sentence, and nothing is measured by this chapter: the formulas are the package's
-(cs336_systems/parallelism/costs.py, answers.py), evaluated for the 2026 leaderboard model's FFN on
-H200-class numbers. The one measured input is the "reachable" device: the bf16 matmul ceiling
-(results/ceilings) and NCCL's all-reduce bus bandwidth on two H200s (results/collectives) in place
-of the datasheet's C and W.
-
-    ```python exec="on"
-    import report.parallelism
-    print(report.parallelism.bounds_table())
-    ```
+Nothing is measured by this chapter: the formulas are the package's (cs336_systems/parallelism/
+costs.py, answers.py), evaluated for the 2026 leaderboard model's FFN on H200-class numbers. The one
+measured input is the "reachable" device: the bf16 matmul ceiling (results/ceilings) and NCCL's
+all-reduce bus bandwidth on two H200s (results/collectives) in place of the datasheet's C and W.
+The claims recompute by hand, in float64, from the symbols the page states.
 """
 
 from __future__ import annotations
@@ -19,12 +14,14 @@ import math
 import numpy as np
 import pandas as pd
 
+from cs336_systems.model import get_config
 from cs336_systems.parallelism import answers, costs
 from cs336_systems.parallelism.hardware import H200_INFINIBAND, H200_NVLINK, Device
 from report import collectives, reproducing
 from report.figures import new_figure
-from report.profiling import register
+from report.registry import register
 from report.results import markdown_table
+from report.units import near
 
 N_NODE = 8          # GPUs in one NVLink-switched HGX H200 node: the N the per-problem tables use
 S_EXAMPLE = 1e9     # bytes of the all-reduce the alternate ring is timed on
@@ -197,7 +194,7 @@ def ratio_figure():
     return fig
 
 
-# -- facts: "{{ parallelism.<name> }}" in docs/parallelism.md --------------------------------------
+# -- the quantities the page's sentences quote -------------------------------------------------
 
 def bound(strategy: str, pass_: str, setting: str = "H200 NVLink, datasheet") -> float:
     df = answers.communication_bound_devices(settings()[setting])
@@ -245,6 +242,90 @@ _FACTS = {
     "ib_w_drop": lambda: f"{H200_NVLINK.egress_bandwidth / H200_INFINIBAND.egress_bandwidth:.0f}",
     "ib_dp_bound": lambda: f"{bound('DP', 'backward', 'H200 InfiniBand, datasheet'):.1f}",
     "ib_tp_fwd_bound": lambda: f"{bound('TP', 'forward', 'H200 InfiniBand, datasheet'):.1f}",
-    "ib_fsdp_tp_bound": lambda: f"{bound('FSDP+TP, overlapped', 'forward', 'H200 InfiniBand, datasheet'):.1f}",
 }
-register({f"parallelism.{name}": fn for name, fn in _FACTS.items()})
+B, D, F = 2 * 32_768, 4_096, 11_008  # "batch 2 at context 32,768 ... D = 4,096 and D_FF = 11,008"
+C, W = 989e12, 450e9                 # the H200 datasheet: dense bf16, NVLink one direction
+
+
+def _2d_bounds() -> bool:
+    """Overlapped, the limits multiply; not overlapped, K^2 / (96 B F), about 0.29 of it, tending to
+    a quarter when B W / C and D_FF W / C grow (C a millionth)."""
+    overlap = (1 + B * W / C) * (1 + 3 * F * W / (2 * C))
+    serial = (6 * B * F * W / C + 6 * F + 4 * B) ** 2 / (96 * B * F)
+    limit = costs.fsdp_tp_max_devices(B, F, C * 1e-6, W, False) / costs.fsdp_tp_max_devices(B, F, C * 1e-6, W, True)
+    return (near(bound("FSDP+TP, overlapped", "forward"), overlap, 1e-12) and near(bound("FSDP+TP, not overlapped", "forward"), serial, 1e-12)
+            and 0.25 < serial / overlap < 1 / 3 and near(limit, 0.25, 1e-3))
+
+
+def _whole_device_splits_best() -> bool:
+    """Brute force over every split, each time recomputed from the page's formulas."""
+    for overlap in (True, False):
+        best = (0, 0, 0)
+        for f in range(1, 80):
+            for t in range(1, 80):
+                t_f, t_t = (f - 1) / f * 6 * D * F / (t * W), 2 * (t - 1) / t * 2 * B * D / (f * W)
+                if (max(t_f, t_t) if overlap else t_f + t_t) <= 6 * B * D * F / (f * t * C) and f * t > best[0]:
+                    best = (f * t, f, t)
+        if integer_split(overlap) != best[1:] or best[0] > bound(f"FSDP+TP, {'' if overlap else 'not '}overlapped", "forward"):
+            return False
+    return True
+
+
+def _measured_keeps_c_over_w() -> bool:
+    """The measured H200 slower than its datasheet in C and in W by similar factors (5%), so no
+    bound moves by more than 5%."""
+    reach = reachable_device()
+    c, w = reach.flops / C, reach.egress_bandwidth / W
+    moved = bounds()["H200 NVLink, measured"] / bounds()["H200 NVLink, datasheet"] - 1
+    return c < 1 and w < 1 and abs(c / w - 1) < 0.05 and (moved.abs() < 0.05).all()
+
+
+def _infiniband_tp_comm_bound_on_two() -> bool:
+    ratio = H200_NVLINK.egress_bandwidth / H200_INFINIBAND.egress_bandwidth
+    scaled = all(near(bound(s, p, "H200 InfiniBand, datasheet") - 1, (bound(s, p) - 1) / ratio, 1e-12)
+                 for s, p in (("DP", "backward"), ("TP", "forward")))
+    N = 2  # communication outlasts compute at N = 2 over InfiniBand
+    return (near(ratio, 9, 1e-12) and scaled and bound("TP", "forward", "H200 InfiniBand, datasheet") < 2
+            and 4 * B * D * (N - 1) / (N * H200_INFINIBAND.egress_bandwidth) > 6 * B * D * F / (N * C))
+
+
+def _curves_cross_one_at_the_bounds() -> bool:
+    df = answers.time_curves(SETTING)
+    for strategy, p in (("DP", "backward"), ("FSDP", "forward"), ("TP", "forward")):
+        g = df[(df.strategy == strategy) & (df["pass"] == p)]
+        if g[g.N <= bound(strategy, p)].comm_bound.any() or not g[g.N > bound(strategy, p)].comm_bound.all():
+            return False
+    return True
+
+
+def _tp_prediction_adds_the_terms() -> bool:
+    for line in tp_prediction_table().splitlines()[2:]:
+        compute, comm, total = (float(c.strip().removesuffix(" ms")) for c in line.strip("|").split("|")[3:6])
+        if abs(total - (compute + comm)) > 2e-3:  # three decimals each
+            return False
+    return math.isclose(6 * 65_536 * D * F / 2 / C * 1e3, 8.963, abs_tol=1e-3)
+
+
+register("parallelism", facts=_FACTS, tables={
+    "setting": setting_table, "alternate": alternate_table, "dp": lambda: per_pass_table("DP"),
+    "fsdp": lambda: per_pass_table("FSDP"), "tp": lambda: per_pass_table("TP"), "fsdp_tp": fsdp_tp_table,
+    "bounds": bounds_table, "tp_prediction": tp_prediction_table,
+}, figures={"bounds": bounds_figure, "ratio": ratio_figure}, claims={
+    "setting_is_the_leaderboard_8b": lambda: (2 * get_config("8B").context_length, get_config("8B").d_model, get_config("8B").d_ff) == (B, D, F)
+    and (SETTING.B, SETTING.D, SETTING.F, SETTING.C, SETTING.W) == (B, D, F, C, W),
+    "alternate_ring_n_over_2_slower": lambda: all(near(((N - 1) * 1e9 / W) / (2 * (N - 1) / N * 1e9 / W), N / 2, 1e-12) for N in (2, 8))
+    and abs(_alt(8, "time") * 1e3 - 7e9 / W * 1e3) <= 0.05,
+    "dp_and_fsdp_compute_bound_on_one_node": lambda: 12 * D * F * (N_NODE - 1) / (N_NODE * W) < 12 * B * D * F / (N_NODE * C)
+    and 6 * D * F * (N_NODE - 1) / (N_NODE * W) < 6 * B * D * F / (N_NODE * C)
+    and near(bound("DP", "backward"), 1 + B * W / C, 1e-12) and bound("DP", "backward") > N_NODE,
+    "tp_runs_out_before_dp": lambda: near(bound("TP", "forward"), 1 + 3 * F * W / (2 * C), 1e-12)
+    and near(bound("TP", "backward"), 1 + 3 * F * W / C, 1e-12) and bound("TP", "forward") < bound("TP", "backward") < 1 + B * W / C
+    and B > 1.5 * F,
+    "tp_just_past_one_node": lambda: N_NODE < 1 + 3 * F * W / (2 * C) < N_NODE + 1,
+    "2d_overlapped_limits_multiply_serial_near_a_quarter": _2d_bounds,
+    "whole_device_splits_are_the_best": _whole_device_splits_best,
+    "measured_h200_keeps_c_over_w": _measured_keeps_c_over_w,
+    "infiniband_tp_comm_bound_on_two": _infiniband_tp_comm_bound_on_two,
+    "curves_cross_one_at_the_bounds": _curves_cross_one_at_the_bounds,
+    "tp_step_the_sum_of_the_terms": _tp_prediction_adds_the_terms,
+})

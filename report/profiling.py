@@ -1,67 +1,33 @@
-"""The profiling chapter: end-to-end timings, the warm-up study and the per-kernel profiles.
+"""The profiling chapter's numbers: end-to-end timings, the warm-up study, the kernel profiles and
+the double count of the first attribution (docs/profiling.md, docs/profiling/double-count.md).
 
-Everything here reads committed rows (results/end-to-end/, results/profiling/) and returns a
-DataFrame, a Markdown table with its provenance line, a figure, or a fact for a hand-written
-sentence. The helpers at the top (`ok`, `newest`, `value`, `with_source`) are shared by the other
-Part 1 report modules (mixed_precision, memory, attention).
+Rows: results/end-to-end/{timings,warmup}/ and results/profiling/{kernel_cells,kernels}/ (one row
+per profiled cell, one per kernel, phase and region of it).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import pandas as pd
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.model import TransformerLM, count_parameters, get_config
 from cs336_systems.model.config import PRESETS
+from cs336_systems.profiling.kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
+from cs336_systems.profiling.nvtx import attention_flops
 from cs336_systems.profiling.sweeps import warmup_stats
-from report.facts import fact
+from cs336_systems.profiling.torch_profile import is_matmul, short_name
 from report.figures import new_figure
-from report.results import load_results, markdown_table, provenance_line
+from report.registry import register
+from report.results import load_results, newest, ok, with_source
+from report.units import listed, pm, span
 
 SIZES = list(PRESETS)  # small ... 2.7B
-SRC = "results/{}/nvidia-h200.jsonl"
 PHASES = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"}
-
-
-# ---- shared helpers --------------------------------------------------------------------------------
-
-def ok(bench: str) -> pd.DataFrame:
-    return load_results(bench, status="ok")
-
-
-def newest(df: pd.DataFrame, key: list[str]) -> pd.DataFrame:
-    """The newest row of each cell (re-measured cells keep their older rows in the file)."""
-    return df.sort_values("time_utc").drop_duplicates(key, keep="last")
 
 
 def by_size(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in preset order (small ... 2.7B), the order within a size kept."""
     return df.assign(_o=df["size"].map(SIZES.index)).sort_values("_o", kind="stable").drop(columns="_o")
-
-
-def pm(mean: float, std: float) -> str:
-    return f"{mean:.1f} ± {std:.1f}"
-
-
-def with_source(table: pd.DataFrame, bench: str, used: pd.DataFrame | None = None,
-                floatfmt: str = ".3g", formats: dict | None = None) -> str:
-    """The table plus the provenance of the rows it shows (`used`), else of the whole file."""
-    return (markdown_table(table, floatfmt=floatfmt, formats=formats) + "\n\n"
-            + provenance_line(used if used is not None else load_results(bench), SRC.format(bench)))
-
-
-def span(values, fmt: str = ".0f", unit: str = "") -> str:
-    """'lo to hi' of some values, each formatted: a range quoted in a sentence."""
-    s = pd.Series(values)
-    return f"{s.min():{fmt}}{unit} to {s.max():{fmt}}{unit}"
-
-
-def register(facts: dict[str, Callable[[], object]]) -> None:
-    """Register a module's facts, name -> function, with report.facts."""
-    for name, fn in facts.items():
-        fact(name)(fn)
 
 
 def parameter_tensors(size: str) -> int:
@@ -83,21 +49,18 @@ def e2e_table(dtype: str = "fp32") -> str:
         f, b, s = (t.loc[(size, m)] for m in ("forward", "forward-backward", "train"))
         rows.append({"size": size, "params (M)": f"{count_parameters(get_config(size))['total'] / 1e6:,.1f}",
                      "forward ms": pm(f.mean_ms, f.std_ms), "fwd+bwd ms": pm(b.mean_ms, b.std_ms),
-                     "train step ms": pm(s.mean_ms, s.std_ms),
-                     "bwd / fwd": (b.mean_ms - f.mean_ms) / f.mean_ms,
+                     "train step ms": pm(s.mean_ms, s.std_ms), "bwd / fwd": (b.mean_ms - f.mean_ms) / f.mean_ms,
                      "MFU fwd+bwd": f"{b.mfu:.0%}", "peak GiB (train)": s.peak_mem_gib})
     return with_source(pd.DataFrame(rows), "end-to-end/timings", used=t.reset_index())
 
 
 def e2e_ratios() -> pd.DataFrame:
-    """Per size: backward / forward time, forward+backward std / mean, parameters."""
+    """Per size: backward / forward time, forward+backward std / mean and time, parameters, MFU."""
     t = timings("fp32")
-    return pd.DataFrame([{
-        "size": s, "bwd_over_fwd": (t.loc[(s, "forward-backward"), "mean_ms"] - t.loc[(s, "forward"), "mean_ms"])
-        / t.loc[(s, "forward"), "mean_ms"],
-        "fb_cv": t.loc[(s, "forward-backward"), "std_ms"] / t.loc[(s, "forward-backward"), "mean_ms"],
-        "fb_ms": t.loc[(s, "forward-backward"), "mean_ms"], "params": count_parameters(get_config(s))["total"],
-        "mfu": t.loc[(s, "forward-backward"), "mfu"]} for s in SIZES]).set_index("size")
+    fwd, fb = t.xs("forward", level="mode"), t.xs("forward-backward", level="mode")
+    return pd.DataFrame({"bwd_over_fwd": (fb.mean_ms - fwd.mean_ms) / fwd.mean_ms, "fb_cv": fb.std_ms / fb.mean_ms,
+                         "fb_ms": fb.mean_ms, "mfu": fb.mfu, "bwd_ms": fb.mean_ms - fwd.mean_ms,
+                         "params": [count_parameters(get_config(s))["total"] for s in fb.index]}).loc[SIZES]
 
 
 # ---- benchmarking_script (c): warm-up -------------------------------------------------------------
@@ -110,14 +73,12 @@ def warmup_rows() -> pd.DataFrame:
     five = timings("fp32")
     out = []
     for _, r in w.iterrows():
-        steady = pd.Series(r.step_ms[3:]).median()
-        row = {"size": r["size"], "mode": r["mode"], "context_ms": r.context_init_ms,
-               "first_ms": r.step_ms[0], "steady_ms": steady}
+        row = {"size": r["size"], "mode": r["mode"], "context_ms": r.context_init_ms, "first_ms": r.step_ms[0],
+               "steady_ms": pd.Series(r.step_ms[3:]).median()}
         for k in (0, 1, 2):
             s = warmup_stats(r.step_ms, k, len(r.step_ms) - 2)
             row[f"w{k}_mean"], row[f"w{k}_std"] = s["mean_ms"], s["std_ms"]
-        row["w5_mean"] = five.loc[(r["size"], r["mode"]), "mean_ms"]
-        row["w5_std"] = five.loc[(r["size"], r["mode"]), "std_ms"]
+        row["w5_mean"], row["w5_std"] = five.loc[(r["size"], r["mode"]), ["mean_ms", "std_ms"]]
         out.append(row)
     df = pd.DataFrame(out)
     return df.assign(extra_ms=df.first_ms - df.steady_ms, first_over_steady=df.first_ms / df.steady_ms,
@@ -142,9 +103,7 @@ def warmup_figure(mode: str = "forward-backward"):
     for _, r in w[w["mode"] == mode].iterrows():
         steady = pd.Series(r.step_ms[3:]).median()
         ax.plot(range(1, len(r.step_ms) + 1), [t / steady for t in r.step_ms], marker="o", ms=3, label=r["size"])
-    ax.set_yscale("log")
-    ax.set_xlabel("step of a fresh process")
-    ax.set_ylabel("time / steady-state time")
+    ax.set(yscale="log", xlabel="step of a fresh process", ylabel="time / steady-state time")
     ax.set_title(f"{mode}, context 512, fp32: the first step pays for start-up", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
@@ -156,34 +115,330 @@ def _warm(mode: str) -> pd.DataFrame:
     return w[w["mode"] == mode]
 
 
-def _bwd_ms(size: str) -> float:
-    t = timings()
-    return t.loc[(size, "forward-backward"), "mean_ms"] - t.loc[(size, "forward"), "mean_ms"]
-
-
 def _w5_vs_w1(small: bool) -> float:
     w = warmup_rows()
     return w[(w["size"] == "small") == small].w5_vs_w1.max()
 
 
-register({
-    "profiling.peak_fp32_tflops": lambda: f"{peak_flops('NVIDIA H200', 'fp32') / 1e12:.0f}",
-    "profiling.peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
-    # (b)
-    "profiling.fb_cv_max": lambda: f"{e2e_ratios().fb_cv.max():.1%}",
-    "profiling.time_ratio_large_small": lambda: f"{e2e_ratios().fb_ms['2.7B'] / e2e_ratios().fb_ms['small']:.0f}",
-    "profiling.param_ratio_large_small": lambda: f"{e2e_ratios().params['2.7B'] / e2e_ratios().params['small']:.0f}",
-    "profiling.fwd_ms_small": lambda: f"{timings().loc[('small', 'forward'), 'mean_ms']:.0f}",
-    "profiling.fwd_ms_large": lambda: f"{timings().loc[('2.7B', 'forward'), 'mean_ms']:.0f}",
-    "profiling.bwd_ms_small": lambda: f"{_bwd_ms('small'):.0f}",
-    "profiling.bwd_ms_large": lambda: f"{_bwd_ms('2.7B'):.0f}",
-    # (c)
-    "profiling.first_extra_fb_ms": lambda: span(_warm("forward-backward").extra_ms),
-    "profiling.first_extra_fwd_ms": lambda: span(_warm("forward").extra_ms),
-    "profiling.first_over_steady_small_fwd": lambda: f"{_warm('forward').set_index('size').first_over_steady['small']:.0f}",
-    "profiling.cuda_context_ms": lambda: span(warmup_rows().context_ms),
-    "profiling.w1_vs_w2_max": lambda: f"{warmup_rows().w1_vs_w2.max():.1%}",
-    "profiling.std_w1_over_w2": lambda: span(warmup_rows().std_w1_over_w2, ".2f"),
-    "profiling.w5_vs_w1_max_big": lambda: f"{_w5_vs_w1(small=False):.1%}",
-    "profiling.w5_vs_w1_max_small": lambda: f"{_w5_vs_w1(small=True):.0%}",
-})
+# ---- nsys_profile: the kernel profiles -----------------------------------------------------------
+
+def profiled_cells() -> pd.DataFrame:
+    """The newest row per (size, context) of the profiler grid, whatever its status."""
+    return newest(load_results("profiling/kernel_cells"), ["size", "context"])
+
+
+def kernel_cells() -> pd.DataFrame:
+    """The newest row per (size, context) of the profiler grid, in size then context order, with the
+    matmul shares of forward+backward and of the whole step, and the non-matmul share."""
+    c = by_size(newest(ok("profiling/kernel_cells"), ["size", "context"]).sort_values("context"))
+    mm = c.fwd_kernel_ms * c.fwd_matmul_share + c.bwd_kernel_ms * c.bwd_matmul_share
+    fb = c.fwd_kernel_ms + c.bwd_kernel_ms
+    return c.assign(fb_matmul_share=mm / fb, step_matmul_share=mm / (fb + c.opt_kernel_ms),
+                    fb_other_share=1 - mm / fb).reset_index(drop=True)
+
+
+def overcounted(r) -> list[str]:
+    """Phases of one cell whose kernel time exceeds the phase's wall time: on one CUDA stream kernels
+    run one after another, so a ratio above 1 means some kernels were counted twice."""
+    return [p for p in PHASES if r[f"{p}_kernel_ms"] > r[f"{p}_range_ms"] * (1 + RANGE_TOLERANCE)]
+
+
+def kernel_rows() -> pd.DataFrame:
+    """The kernel rows of the newest profiler run of each cell. Cells whose row names its `cell_run`
+    get that run's kernels only; older cells (no run id) keep the newest row per kernel."""
+    k = ok("profiling/kernels")
+    if "cell_run" not in k:
+        k = k.assign(cell_run=None)
+    parts = []
+    for _, r in kernel_cells().iterrows():
+        kk = k[(k["size"] == r["size"]) & (k["context"] == r.context)]
+        run = r.get("cell_run")
+        parts.append(kk[kk["cell_run"] == run] if isinstance(run, str) else
+                     newest(kk[kk["cell_run"].isna()], ["size", "context", "phase", "region", "kernel"]))
+    return pd.concat(parts, ignore_index=True) if parts else k.iloc[:0]
+
+
+def _cell(size: str, context: int):
+    c = kernel_cells()
+    return c[(c["size"] == size) & (c["context"] == context)].iloc[0]
+
+
+def phase_table() -> str:
+    """(a) and (d): profiler against the Python timer, and the matmul share per phase."""
+    c = kernel_cells()
+    share = lambda s: s.map("{:.0%}".format)
+    shown = pd.DataFrame({
+        "size": c["size"], "ctx": c.context, "fwd kernels ms": c.fwd_kernel_ms, "fwd range ms": c.fwd_range_ms,
+        "fwd Python timer ms": c.fwd_python_ms, "kernels / range": c.fwd_kernel_ms / c.fwd_range_ms,
+        "matmul share fwd": share(c.fwd_matmul_share), "fwd+bwd": share(c.fb_matmul_share),
+        "whole step": share(c.step_matmul_share), "optimizer ms": c.opt_kernel_ms})
+    return with_source(shown, "profiling/kernel_cells", used=c)
+
+
+def top_kernels(context: int = 512) -> pd.DataFrame:
+    """(b) per size: the forward's top kernel and its launches (as layers x k + rest), the backward's,
+    and the top kernel of forward and backward together."""
+    c = kernel_cells()
+    k = kernel_rows()
+    k = k[(k["context"] == context) & k["phase"].isin(["forward", "backward"])]
+    out = []
+    for _, r in c[c["context"] == context].iterrows():
+        layers = get_config(r["size"]).num_layers
+        both = k[k["size"] == r["size"]].groupby("kernel")["total_ms"].sum().idxmax()
+        out.append({"size": r["size"], "layers": layers, "fwd_top": r.fwd_top_kernel,
+                    "fwd_calls": int(r.fwd_top_calls), "per_layer": int(r.fwd_top_calls) // layers,
+                    "rest": int(r.fwd_top_calls) % layers, "fwd_ms": r.fwd_top_ms,
+                    "fwd_share": r.fwd_top_ms / r.fwd_kernel_ms, "bwd_top": r.bwd_top_kernel,
+                    "bwd_calls": int(r.bwd_top_calls), "bwd_ms": r.bwd_top_ms, "both_top": both,
+                    "both_is_fwd_top": both == r.fwd_top_kernel})
+    return pd.DataFrame(out)
+
+
+def top_kernel_table(context: int = 512) -> str:
+    t = top_kernels(context)
+    name = lambda s: f"`{short_name(s, 48)}`"
+    shown = pd.DataFrame({
+        "size": t["size"], "forward: top kernel": t.fwd_top.map(name), "calls": t.fwd_calls,
+        "= layers x k + rest": [f"{L} x {k} + {r}" for L, k, r in zip(t.layers, t.per_layer, t.rest)],
+        "ms": t.fwd_ms, "share": t.fwd_share.map("{:.0%}".format),
+        "backward: top kernel": t.bwd_top.map(name), "calls ": t.bwd_calls, "ms ": t.bwd_ms,
+        "top of fwd+bwd is the forward's": t.both_is_fwd_top})
+    c = kernel_cells()
+    return with_source(shown, "profiling/kernel_cells", used=c[c["context"] == context])
+
+
+def kernel_list(size: str, context: int, phase: str, n: int = 8, matmul: bool | None = None) -> str:
+    """Top kernels of one phase (regions merged), optionally only matmul or only non-matmul ones."""
+    k = kernel_rows()
+    k = k[(k["size"] == size) & (k["context"] == context) & (k["phase"] == phase)]
+    g = k.groupby("kernel", as_index=False).agg(calls=("calls", "sum"), ms=("total_ms", "sum"))
+    g["matmul"] = g["kernel"].map(is_matmul)
+    if matmul is not None:
+        g = g[g["matmul"] == matmul]
+    g = g.sort_values("ms", ascending=False).head(n)
+    g["share of phase"] = (g["ms"] / k["total_ms"].sum()).map("{:.1%}".format)
+    g["kernel"] = g["kernel"].map(lambda s: f"`{short_name(s, 70)}`")
+    return with_source(g[["kernel", "calls", "ms", "share of phase"]], "profiling/kernels", used=k)
+
+
+def attention_region_rows() -> pd.DataFrame:
+    """(e) per profiler cell, the forward's attention regions; the softmax region against the two
+    matmul kernels alone (the scaling kernel of the scores region left out), in time and in FLOPs."""
+    k = kernel_rows()
+    k = k[(k["phase"] == "forward") & k["region"].isin(["attn_scores", "attn_output"]) & k["kernel"].map(is_matmul)]
+    out = []
+    for _, r in kernel_cells().iterrows():
+        cfg = get_config(r["size"])
+        mm = k[(k["size"] == r["size"]) & (k["context"] == r.context)]["total_ms"].sum()
+        f = attention_flops(4, cfg.num_heads, int(r.context), cfg.d_head)
+        flop_ratio = f["attn_softmax"] / (f["attn_scores"] + f["attn_output"])
+        out.append({"size": r["size"], "context": int(r.context), "scores_ms": r.attn_scores_ms,
+                    "softmax_ms": r.attn_softmax_ms, "output_ms": r.attn_output_ms, "matmul_ms": mm,
+                    "time_ratio": r.attn_softmax_ms / mm, "flop_ratio": flop_ratio,
+                    "per_flop": r.attn_softmax_ms / mm / flop_ratio})
+    return pd.DataFrame(out)
+
+
+def attention_regions_table() -> str:
+    a = attention_region_rows()
+    shown = pd.DataFrame({
+        "size": a["size"], "ctx": a.context, "scores (QKᵀ, scale) ms": a.scores_ms,
+        "softmax (mask, softmax) ms": a.softmax_ms, "output (PV) ms": a.output_ms,
+        "softmax / matmul time": a.time_ratio, "softmax / matmul FLOPs": a.flop_ratio,
+        "time ratio / FLOP ratio": a.per_flop})
+    return with_source(shown, "profiling/kernel_cells", used=kernel_cells())
+
+
+def _flop_ratio(d_head: int) -> float:
+    f = attention_flops(1, 1, 1, d_head)
+    return f["attn_softmax"] / (f["attn_scores"] + f["attn_output"])
+
+
+# ---- the double count of the first attribution (profiling/double-count.md) ----------------------
+
+def first_run_cells() -> pd.DataFrame:
+    """The newest row per cell among the rows of the first attribution (no `attribution` field)."""
+    c = ok("profiling/kernel_cells")
+    return newest(c[c["attribution"].isna()] if "attribution" in c else c, ["size", "context"])
+
+
+def rerun_cells() -> pd.DataFrame:
+    """The cells whose newest row counts each device kernel once."""
+    c = kernel_cells()
+    return c[c.get("attribution", pd.Series(index=c.index, dtype=object)) == ATTRIBUTION]
+
+
+def marked_rows() -> pd.DataFrame:
+    """Each (cell, phase) of the first run whose kernel time exceeded the phase's wall time, with the
+    same phase in the re-run."""
+    new = kernel_cells().set_index(["size", "context"])
+    out = []
+    for _, r in first_run_cells().iterrows():
+        for p in overcounted(r):
+            n = new.loc[(r["size"], r.context)]
+            out.append({"size": r["size"], "context": int(r.context), "phase": PHASES[p],
+                        "first: kernels / range": r[f"{p}_kernel_ms"] / r[f"{p}_range_ms"],
+                        "first: kernels ms": r[f"{p}_kernel_ms"], "re-run: kernels ms": n[f"{p}_kernel_ms"],
+                        "re-run: range ms": n[f"{p}_range_ms"]})
+    return pd.DataFrame(out)
+
+
+def silu_surplus() -> pd.DataFrame:
+    """First-attribution cells listing more forward SiLU launches than the model has layers (SwiGLU
+    applies SiLU once per layer in the forward)."""
+    k = ok("profiling/kernels")
+    k = newest(k[k["cell_run"].isna()] if "cell_run" in k else k, ["size", "context", "phase", "region", "kernel"])
+    k = k[(k["phase"] == "forward") & k["kernel"].str.contains("silu_kernel")]
+    g = k.groupby(["size", "context"], as_index=False)["calls"].sum()
+    g["layers"] = g["size"].map(lambda s: get_config(s).num_layers)
+    return g[g["calls"] > g["layers"]].rename(columns={"calls": "forward SiLU launches"})
+
+
+def rerun_checks() -> pd.DataFrame:
+    """Per re-profiled cell: the self-check, what the trace held that fools a per-op sum, how much the
+    old sum would have reported over the unique count, and two launch counts that need no clock."""
+    k = kernel_rows()
+    out = []
+    for _, r in rerun_cells().iterrows():
+        kk = k[(k["size"] == r["size"]) & (k["context"] == r.context)]
+        calls = lambda phase, kernel: kk[(kk["phase"] == phase) & kk["kernel"].str.contains(kernel)]["calls"].sum()
+        out.append({"size": r["size"], "context": int(r.context), "check passed": bool(r.check_ok),
+                    "max kernels / range": max(r[f"{p}_kernel_ms"] / r[f"{p}_range_ms"] for p in PHASES),
+                    "CPU events listed twice": int(r.copied_host_events),
+                    "colliding CPU ids": int(r.colliding_host_ids),
+                    "device events listed twice": int(r.repeated_device_events),
+                    "old sum over unique, fwd": max(r.fwd_appended_ms / r.fwd_kernel_ms - 1, 0.0),  # a sum over lists
+                    "SiLU launches / layers": calls("forward", "silu_kernel") / get_config(r["size"]).num_layers,
+                    "addcdiv launches / tensors": calls("optimizer", "addcdiv") / parameter_tensors(r["size"]),
+                    "placed without a launch record": int(r.launch_by_op + r.placed_by_gpu_time)})
+    return pd.DataFrame(out)
+
+
+def rerun_table() -> str:
+    return with_source(rerun_checks(), "profiling/kernel_cells", used=rerun_cells(),
+                       formats={"old sum over unique, fwd": "+.1%", "max kernels / range": ".3f"})
+
+
+def inflated(threshold: float = RANGE_TOLERANCE) -> pd.DataFrame:
+    """Re-profiled cells where the old per-op sum exceeds the unique count in the forward."""
+    c = rerun_checks()
+    return c[c["old sum over unique, fwd"] > threshold]
+
+
+def _collisions_explain_inflation() -> bool:
+    c, hit = rerun_checks(), inflated()
+    return len(hit) > 0 and hit["colliding CPU ids"].min() > c.drop(hit.index)["colliding CPU ids"].max()
+
+
+register(
+    "profiling",
+    facts={
+        "peak_fp32_tflops": lambda: f"{peak_flops('NVIDIA H200', 'fp32') / 1e12:.0f}",
+        "peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
+        # (b)
+        "fb_cv_max": lambda: f"{e2e_ratios().fb_cv.max():.1%}",
+        "time_ratio_large_small": lambda: f"{e2e_ratios().fb_ms['2.7B'] / e2e_ratios().fb_ms['small']:.0f}",
+        "param_ratio_large_small": lambda: f"{e2e_ratios().params['2.7B'] / e2e_ratios().params['small']:.0f}",
+        "fwd_ms_small": lambda: f"{timings().loc[('small', 'forward'), 'mean_ms']:.0f}",
+        "fwd_ms_large": lambda: f"{timings().loc[('2.7B', 'forward'), 'mean_ms']:.0f}",
+        "bwd_ms_small": lambda: f"{e2e_ratios().bwd_ms['small']:.0f}",
+        "bwd_ms_large": lambda: f"{e2e_ratios().bwd_ms['2.7B']:.0f}",
+        # (c)
+        "first_extra_fb_ms": lambda: span(_warm("forward-backward").extra_ms),
+        "first_extra_fwd_ms": lambda: span(_warm("forward").extra_ms),
+        "first_over_steady_small_fwd": lambda: f"{_warm('forward').set_index('size').first_over_steady['small']:.0f}",
+        "cuda_context_ms": lambda: span(warmup_rows().context_ms),
+        "w1_vs_w2_max": lambda: f"{warmup_rows().w1_vs_w2.max():.1%}",
+        "std_w1_over_w2": lambda: span(warmup_rows().std_w1_over_w2, ".2f"),
+        "w5_vs_w1_max_big": lambda: f"{_w5_vs_w1(small=False):.1%}",
+        "w5_vs_w1_max_small": lambda: f"{_w5_vs_w1(small=True):.0%}",
+        # nsys_profile
+        "cells_ran": lambda: f"{(profiled_cells()['status'] == 'ok').sum()} of {len(profiled_cells())}",
+        "large_fwd_kernel_ms": lambda: f"{_cell('2.7B', 512).fwd_kernel_ms:.0f}",
+        "large_fwd_python_ms": lambda: f"{_cell('2.7B', 512).fwd_python_ms:.0f}",
+        "small_fwd_kernel_ms": lambda: f"{_cell('small', 128).fwd_kernel_ms:.1f}",
+        "small_fwd_python_ms": lambda: f"{_cell('small', 128).fwd_python_ms:.1f}",
+        "small_fwd_range_ms": lambda: f"{_cell('small', 128).fwd_range_ms:.1f}",
+        "top_not_fwd_sizes": lambda: listed(top_kernels().query("not both_is_fwd_top")["size"]),
+        "other_share": lambda: span(kernel_cells().fb_other_share, ".0%"),
+        "fwd_matmul_share": lambda: span(kernel_cells().fwd_matmul_share, ".0%"),
+        "step_matmul_share": lambda: span(kernel_cells().step_matmul_share, ".0%"),
+        "opt_ms_large": lambda: f"{_cell('2.7B', 128).opt_kernel_ms:.0f}",
+        "share_drop_large_128": lambda: "{:.0%} to {:.0%}".format(*_cell("2.7B", 128)[["fb_matmul_share", "step_matmul_share"]]),
+        "share_drop_large_1024": lambda: "{:.0%} to {:.0%}".format(*_cell("2.7B", 1024)[["fb_matmul_share", "step_matmul_share"]]),
+        "adamw_launches_per_tensor": lambda: f"{_cell('small', 512).opt_launches / parameter_tensors('small'):.0f}",
+        "adamw_launches_small": lambda: f"{_cell('small', 512).opt_launches:,.0f}",
+        "tensors_small": lambda: parameter_tensors("small"),
+        "softmax_time_ratio": lambda: span(attention_region_rows().time_ratio, ".0%"),
+        "softmax_flop_ratio_d64": lambda: f"{_flop_ratio(64):.1%}",
+        "softmax_flop_ratio_d80": lambda: f"{_flop_ratio(get_config('2.7B').d_head):.1%}",
+        "softmax_per_flop": lambda: span(attention_region_rows().per_flop),
+        # double-count.md
+        "first_run_marked": lambda: len(marked_rows()),
+        "rerun_cells": lambda: f"{len(rerun_cells())} of {len(kernel_cells())}",
+        "rerun_max_ratio": lambda: f"{rerun_checks()['max kernels / range'].max():.3f}",
+        "old_sum_excess_fwd_max": lambda: f"{rerun_checks()['old sum over unique, fwd'].max():+.1%}",
+        "colliding_ids_total": lambda: f"{rerun_checks()['colliding CPU ids'].sum():,}",
+        "inflated_cells": lambda: len(inflated()),
+        "inflated_colliding_min": lambda: f"{inflated()['colliding CPU ids'].min():,}",
+        "quiet_colliding_max": lambda: f"{rerun_checks().drop(inflated().index)['colliding CPU ids'].max():,}",
+    },
+    tables={
+        "e2e": e2e_table, "warmup": warmup_table, "phases": phase_table, "top_kernels": lambda: top_kernel_table(512),
+        "xl_forward_other": lambda: kernel_list("xl", 512, "forward", 8, matmul=False),
+        "xl_backward_other": lambda: kernel_list("xl", 512, "backward", 8, matmul=False),
+        "attention_regions": attention_regions_table,
+        "marked": lambda: with_source(marked_rows(), "profiling/kernel_cells"),
+        "silu": lambda: with_source(silu_surplus(), "profiling/kernels"), "rerun": rerun_table,
+    },
+    figures={"warmup": warmup_figure},
+    claims={
+        # (b) small: a spread under 5% would not hide a 10% effect
+        "steps_are_steady": lambda: e2e_ratios().fb_cv.max() < 0.05,
+        "backward_twice_forward": lambda: e2e_ratios().bwd_over_fwd.between(1.5, 2.5).all(),
+        "small_model_leaves_gpu_idle": lambda: (e2e_ratios().fb_ms["2.7B"] / e2e_ratios().fb_ms["small"]
+                                                < e2e_ratios().params["2.7B"] / e2e_ratios().params["small"])
+        and e2e_ratios().mfu.idxmin() == "small",
+        # (c) without warm-up the first step dominates the spread; one warm-up step removes it
+        "first_step_is_slow": lambda: (warmup_rows().first_over_steady > 1.2).all()
+        and (warmup_rows().w0_std > 10 * warmup_rows().w1_std).all(),
+        "one_warmup_step_is_enough": lambda: warmup_rows().w1_vs_w2.max() < 0.02,
+        "small_model_moves_between_processes": lambda: _w5_vs_w1(small=True) > _w5_vs_w1(small=False),
+        "first_step_extra_is_constant": lambda: all(
+            g.extra_ms.max() < 3 * g.extra_ms.min() and g.set_index("size").first_over_steady.idxmax() == "small"
+            for _, g in warmup_rows().groupby("mode")),
+        # nsys_profile
+        "no_cell_ran_out_of_memory": lambda: (profiled_cells()["status"] == "ok").all(),
+        "every_cell_profiled_again": lambda: len(rerun_cells()) == len(kernel_cells())
+        and not any(overcounted(r) for _, r in kernel_cells().iterrows()),
+        "busy_gpu_timer_agrees": lambda: abs(_cell("2.7B", 512).fwd_kernel_ms / _cell("2.7B", 512).fwd_python_ms - 1) < 0.05,
+        "small_cells_wait_for_launches": lambda: _cell("small", 128).fwd_kernel_ms < 0.5 * _cell("small", 128).fwd_python_ms,
+        "profiled_range_is_longer": lambda: _cell("small", 128).fwd_range_ms > _cell("small", 128).fwd_python_ms,
+        "top_kernel_is_fp32_simt_gemm": lambda: top_kernels().fwd_top.str.startswith("sm80_xmma_gemm_f32f32").all()
+        and set(top_kernels().rest) <= {0, 1},
+        "top_of_both_is_a_matmul_not_always_the_forwards": lambda: top_kernels().both_top.map(is_matmul).all()
+        and 0 < (~top_kernels().both_is_fwd_top).sum() < len(top_kernels()),
+        "matmul_share_falls_in_training": lambda: (kernel_cells().step_matmul_share < kernel_cells().fwd_matmul_share).all(),
+        "optimizer_cost_ignores_context": lambda: all(
+            (g.fb_matmul_share - g.step_matmul_share)[1024] < (g.fb_matmul_share - g.step_matmul_share)[128]
+            and g.opt_kernel_ms.max() < 1.05 * g.opt_kernel_ms.min()
+            for _, g in kernel_cells().set_index("context").groupby("size")),
+        "adamw_launches_whole_kernels_per_tensor": lambda: _cell("small", 512).opt_launches % parameter_tensors("small") == 0,
+        "forward_other_kernels_as_named": lambda: all(name in kernel_list("xl", 512, "forward", 8, matmul=False)
+                                                      for name in ("softmax_warp_forward", "elementwise_kernel", "Memcpy DtoD")),
+        "softmax_is_memory_bound": lambda: (attention_region_rows().per_flop > 10).all()
+        and (attention_region_rows().flop_ratio < 0.05).all(),
+        # double-count.md
+        "first_run_overcounted_rerun_fits": lambda: len(marked_rows()) > 0
+        and (marked_rows()["first: kernels / range"] > 1).all()
+        and (marked_rows()["re-run: kernels ms"] <= marked_rows()["re-run: range ms"]).all(),
+        "first_run_surplus_of_same_ops": lambda: len(silu_surplus()) > 0,
+        "rerun_checks_pass": lambda: rerun_checks()["check passed"].all(),
+        "no_op_or_event_listed_twice": lambda: (rerun_checks()["CPU events listed twice"] == 0).all()
+        and (rerun_checks()["device events listed twice"] == 0).all(),
+        "every_trace_has_colliding_ids": lambda: (rerun_checks()["colliding CPU ids"] > 0).all(),
+        "most_collisions_most_inflation": _collisions_explain_inflation,
+        "launch_counts_exact": lambda: (rerun_checks()["SiLU launches / layers"] == 1).all()
+        and (rerun_checks()["addcdiv launches / tensors"] == 1).all(),
+    },
+)

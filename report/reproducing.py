@@ -1,4 +1,5 @@
-"""Tables of the "How every number was measured" page: benchmarks, peaks, ceilings, committed files."""
+"""The numbers of the "How every number was measured" page (docs/reproducing.md): benchmarks,
+datasheet peaks, the measured ceilings (which other chapters' rooflines use) and committed files."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from cs336_systems.bench.provenance import PROVENANCE_FIELDS
 from cs336_systems.bench.registry import BENCHMARKS
 from cs336_systems.bench.store import REPO_ROOT
 
-from .facts import fact
-from .results import load_results, markdown_table, provenance_line
+from .registry import register
+from .results import load_results, markdown_table, newest, provenance_line, source
 
 
 def benchmarks_table() -> str:
@@ -30,8 +31,7 @@ def peak_table() -> str:
 
 def ceilings(device: str = "nvidia-h200") -> pd.DataFrame:
     """The measured ceilings: newest row per (op, dtype, n)."""
-    df = load_results(CEILINGS, device, status="ok")
-    return df.sort_values("time_utc").drop_duplicates(["op", "dtype", "n"], keep="last")
+    return newest(load_results(CEILINGS, device, status="ok"), ["op", "dtype", "n"])
 
 
 def ceilings_table(device: str = "nvidia-h200") -> str:
@@ -39,8 +39,7 @@ def ceilings_table(device: str = "nvidia-h200") -> str:
     df = df.assign(rate=[r.tflops if r.op == "matmul" else r.tb_per_s for r in df.itertuples()],
                    unit=["TFLOP/s" if op == "matmul" else "TB/s" for op in df.op])
     shown = df[["op", "dtype", "n", "ms", "rate", "unit"]]
-    return markdown_table(shown, formats={"ms": ".3f", "rate": ".4g"}) + "\n\n" + provenance_line(
-        df, f"results/{CEILINGS}/{device}.jsonl")
+    return markdown_table(shown, formats={"ms": ".3f", "rate": ".4g"}) + "\n\n" + provenance_line(df, source(CEILINGS, device))
 
 
 def matmul_ceiling_tflops(dtype: str = "bf16", device: str = "nvidia-h200") -> float:
@@ -51,26 +50,6 @@ def matmul_ceiling_tflops(dtype: str = "bf16", device: str = "nvidia-h200") -> f
 def copy_ceiling_tbps(device: str = "nvidia-h200") -> float:
     df = ceilings(device)
     return float(df[df.op == "copy"].tb_per_s.iloc[0])
-
-
-@fact("ceilings.bf16_tflops")
-def _bf16() -> str:
-    return f"{matmul_ceiling_tflops('bf16'):.0f}"
-
-
-@fact("ceilings.copy_tbps")
-def _copy() -> str:
-    return f"{copy_ceiling_tbps():.2f}"
-
-
-@fact("ceilings.tf32_over_fp32")
-def _tf32() -> str:
-    return f"{matmul_ceiling_tflops('tf32') / matmul_ceiling_tflops('fp32'):.1f}"
-
-
-@fact("reproducing.provenance_fields")
-def _fields() -> str:
-    return ", ".join(f"`{f}`" for f in PROVENANCE_FIELDS)
 
 
 def committed_files_table() -> str:
@@ -85,3 +64,30 @@ def committed_files_table() -> str:
                      "not ok": int((df["status"] != "ok").sum()) if "status" in df else 0,
                      "measured with": provenance_line(df).strip("*").rstrip(".")})
     return markdown_table(pd.DataFrame(rows))
+
+
+def _below_the_datasheet() -> bool:
+    from report.flash_tuning import PEAK_TBPS, PEAK_TFLOPS  # the datasheet figures the flash chapter quotes
+
+    return matmul_ceiling_tflops("bf16") < PEAK_TFLOPS and copy_ceiling_tbps() < PEAK_TBPS
+
+
+def _bench_all_leaves_out_multi_process() -> bool:
+    """The multi-process benchmarks are not in bench-all; the step's one-GPU pieces are."""
+    return (not any(BENCHMARKS[n].gpu for n in ("collectives", "ddp", "sharding", "fsdp", "tp-ffn", "training-step"))
+            and BENCHMARKS["fused-ce"].gpu and BENCHMARKS["fused-adamw"].gpu)
+
+
+register("ceilings", facts={
+    "bf16_tflops": lambda: f"{matmul_ceiling_tflops('bf16'):.0f}",
+    "copy_tbps": lambda: f"{copy_ceiling_tbps():.2f}",
+    "tf32_over_fp32": lambda: f"{matmul_ceiling_tflops('tf32') / matmul_ceiling_tflops('fp32'):.1f}",
+}, claims={
+    "below_the_datasheet": _below_the_datasheet,
+    # several-fold: the fp32 precision a kernel uses changes its speed
+    "tf32_several_times_fp32": lambda: matmul_ceiling_tflops("tf32") > 3 * matmul_ceiling_tflops("fp32"),
+})
+register("reproducing", facts={"provenance_fields": lambda: ", ".join(f"`{f}`" for f in PROVENANCE_FIELDS)},
+         tables={"benchmarks": benchmarks_table, "peaks": peak_table, "ceilings": ceilings_table,
+                 "committed_files": committed_files_table},
+         claims={"bench_all_leaves_out_multi_process": _bench_all_leaves_out_multi_process})

@@ -1,12 +1,9 @@
-"""Render committed results as Markdown for the docs (called from markdown-exec blocks at build time).
+"""Reading committed results, and rendering them as Markdown tables with their provenance line.
 
-    ```python exec="on"
-    from report.results import results_table
-    print(results_table("attention/pytorch_attention", columns=["d", "seq", "forward_ms"]))
-    ```
-
-A missing results file raises FileNotFoundError, so `mkdocs build --strict` fails instead of
-publishing a page whose table silently vanished.
+Every report module reads rows through here: `load_results` (a missing file raises
+FileNotFoundError, so the strict build fails instead of publishing a page whose table vanished),
+`newest` (the newest row per cell: a re-measured cell keeps its older rows in the file) and
+`with_source` (a table and the provenance of the rows it shows).
 """
 
 from __future__ import annotations
@@ -16,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.bench.provenance import PROVENANCE_FIELDS
 from cs336_systems.bench.store import REPO_ROOT, read_rows, results_path
 
 RESULTS_ROOT = REPO_ROOT / "results"
+GPU, CPU = "nvidia-h200", "cpu"  # the device classes results are stored under
 # Files the current build has read: a test checks each exists and the site names its source.
 READ_LOG: list[Path] = []
 
@@ -37,6 +34,30 @@ def load_results(bench: str, device: str = "nvidia-h200", *, root: str | Path | 
     if status is not None and not df.empty:
         df = df[df["status"] == status]
     return df.reset_index(drop=True)
+
+
+def ok(bench: str, device: str = GPU) -> pd.DataFrame:
+    """The rows of one results file that ran (status "ok")."""
+    return load_results(bench, device, status="ok")
+
+
+def newest(df: pd.DataFrame, key: Sequence[str], keep: str = "last") -> pd.DataFrame:
+    """The newest row of each cell (`keep="first"`: the earliest), rows in time order."""
+    return df.sort_values("time_utc", kind="stable").drop_duplicates(list(key), keep=keep)
+
+
+def source(bench: str, device: str = GPU) -> str:
+    """The results file of a bench, as the provenance line names it."""
+    return f"results/{bench}/{device}.jsonl"
+
+
+def with_source(table: pd.DataFrame, bench: str, used: pd.DataFrame | None = None, *, device: str = GPU,
+                floatfmt: str = ".3g", formats: Mapping[str, str | Callable[[object], str]] | None = None,
+                note: str = "") -> str:
+    """The table, then the provenance of the rows it shows (`used`; default: the whole file)."""
+    rows = used if used is not None else load_results(bench, device)
+    return (markdown_table(table, floatfmt=floatfmt, formats=formats) + "\n\n"
+            + provenance_line(rows, source(bench, device)) + (f" *{note}*" if note else ""))
 
 
 def provenance_line(df: pd.DataFrame, source: str | None = None) -> str:
@@ -86,61 +107,3 @@ def markdown_table(df: pd.DataFrame, *, floatfmt: str = ".3g",
             cells.append(fmt(row[c]) if callable(fmt) else format_value(row[c], fmt))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def status_cell(row: Mapping[str, object], column: str, floatfmt: str = ".3g") -> str:
-    """The value of `column`, or the row's status in capitals (OOM, ERROR) when it has none."""
-    value = row.get(column)
-    if row.get("status", "ok") != "ok" and (value is None or pd.isna(value)):
-        return str(row.get("status")).upper()
-    return format_value(value, floatfmt)
-
-
-def results_table(bench: str, *, device: str = "nvidia-h200", columns: Sequence[str] | None = None,
-                  query: str | None = None, rename: Mapping[str, str] | None = None,
-                  sort: Sequence[str] | None = None, floatfmt: str = ".3g",
-                  formats: Mapping[str, str | Callable[[object], str]] | None = None,
-                  pivot: Mapping[str, object] | None = None, latest: Sequence[str] | None = None,
-                  root: str | Path | None = None) -> str:
-    """Markdown table of a results file plus its provenance line.
-
-    columns: which columns, in order (non-ok rows show their status, e.g. OOM, in empty cells);
-    query: a pandas query to select rows; sort: columns to sort by; rename: header names;
-    latest: key columns — keep only the newest row per key (re-measured cells);
-    pivot: kwargs for DataFrame.pivot_table (index, columns, values, aggfunc='first').
-    """
-    df = load_results(bench, device, root=root)
-    if latest:
-        df = df.sort_values("time_utc").drop_duplicates(list(latest), keep="last")
-    if query:
-        df = df.query(query)
-    if sort:
-        df = df.sort_values(list(sort))
-    if pivot:
-        values = pivot["values"]
-        shown = df.copy()
-        shown[values] = [status_cell(r, values, floatfmt) for r in shown.to_dict("records")]
-        df = shown.pivot_table(index=pivot["index"], columns=pivot["columns"], values=values,
-                               aggfunc="first").reset_index()
-        df.columns = [str(c) for c in df.columns]
-    elif columns:
-        records = df.to_dict("records")
-        df = pd.DataFrame({c: [r.get(c) if r.get(c) is not None and not _isna(r.get(c))
-                               else (str(r.get("status")).upper() if r.get("status", "ok") != "ok" else None)
-                               for r in records] for c in columns})
-    if rename:
-        df = df.rename(columns=dict(rename))
-    source = str(results_path(bench, device, RESULTS_ROOT).relative_to(REPO_ROOT))
-    full = load_results(bench, device, root=root)
-    return markdown_table(df, floatfmt=floatfmt, formats=formats) + "\n\n" + provenance_line(full, source)
-
-
-def _isna(v: object) -> bool:
-    try:
-        return bool(pd.isna(v))
-    except (TypeError, ValueError):
-        return False
-
-
-__all__ = ["load_results", "markdown_table", "provenance_line", "results_table", "format_value",
-           "PROVENANCE_FIELDS"]

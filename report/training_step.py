@@ -12,10 +12,10 @@ import pandas as pd
 from cs336_systems.model import get_config
 from cs336_systems.training_step import adamw_bench, arithmetic, ce_bench
 from cs336_systems.training_step.memory_budget import GIB, Layout, budget
-from report.flash import register
 from report.flash_grid import step
+from report.registry import register
 from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
-from report.results import load_results, markdown_table, provenance_line
+from report.results import load_results, markdown_table, newest, provenance_line, source
 
 CFG = get_config("8B")
 BATCH, CONTEXT, GPUS = 2, 32_768, 2
@@ -86,20 +86,16 @@ ADAMW_WORDS = {"ours": "ours: FusedAdamW (Triton)",
                "torch-foreach": "torch AdamW(foreach=True)"}
 
 
-def _source(bench: str) -> str:
-    return f"results/{bench}/nvidia-h200.jsonl"
-
-
 def _piece_rows(bench: str, key: tuple[str, ...], shape: dict, order: dict, index: str = "impl") -> pd.DataFrame:
     """The newest ok row per `key` at the step's shape, indexed by `index` in `order`'s order."""
     df = load_results(bench, status="ok")
     for column, value in shape.items():
         df = df[df[column].map(lambda x, value=value: value(x) if callable(value) else x == value)]
-    df = df.sort_values("time_utc").drop_duplicates(list(key), keep="last").set_index(index)
+    df = newest(df, key).set_index(index)
     missing = set(order) - set(df.index)
     if missing:
         where = {c: ("(a filter)" if callable(v) else v) for c, v in shape.items()}
-        raise KeyError(f"{_source(bench)} has no ok row at {where} for {sorted(missing)}")
+        raise KeyError(f"{source(bench)} has no ok row at {where} for {sorted(missing)}")
     return df.loc[list(order)]
 
 
@@ -120,7 +116,7 @@ def _rows_table(df: pd.DataFrame, label: str, words: dict, columns: dict, bench:
     table = pd.DataFrame({label: [words[i] for i in df.index],
                           **{head: df[column].to_numpy() for head, (column, _) in columns.items()}})
     return (markdown_table(table, formats={head: fmt for head, (_, fmt) in columns.items()})
-            + "\n\n" + provenance_line(df.reset_index(), _source(bench)) + f" *{note}*")
+            + "\n\n" + provenance_line(df.reset_index(), source(bench)) + f" *{note}*")
 
 
 def ce_table() -> str:
@@ -189,10 +185,17 @@ def _one_estimate(part: str) -> float:
     return values.pop()
 
 
-def attention_extra_ms() -> float:
+# The one-GPU rows ran our d = 128 Triton kernels, not the Gluon ones the table names: the model hands
+# the attention strided (batch, heads, seq, d) views, which the Gluon kernels took only from the
+# commit after these rows (as contiguous copies). The grid timed those Triton kernels last at this git.
+STEP_ROWS_ATTENTION_GIT = "07cdfe8b4e59"
+
+
+def attention_extra_ms(git: str | None = STEP_ROWS_ATTENTION_GIT) -> float:
     """What our attention costs a step more than cuDNN's, from the grid's step cell (1 x 32 x 32,768,
-    d 128, causal): per layer one forward, then (checkpointed) the forward again and the backward."""
-    per_layer = {impl: step(impl, "fwd") + step(impl, "fwd_bwd") for impl in ("ours", "cudnn")}
+    d 128, causal) in the run of code `git`: per layer one forward, then (checkpointed) the forward
+    again and the backward."""
+    per_layer = {impl: step(impl, "fwd", git) + step(impl, "fwd_bwd", git) for impl in ("ours", "cudnn")}
     return CFG.num_layers * (per_layer["ours"] - per_layer["cudnn"])
 
 
@@ -211,56 +214,105 @@ def _adamw(impl: str, column: str) -> float:
 
 
 FACTS = {
-    "training_step.one_stock_ms": (lambda: _one("stock", "step_ms"), ",.0f"),
-    "training_step.one_ours_ms": (lambda: _one("ours", "step_ms"), ",.0f"),
-    "training_step.one_gap_ms": (lambda: _one("ours", "step_ms") - _one("stock", "step_ms"), ".0f"),
-    "training_step.one_stock_mfu": (lambda: _one("stock", "mfu"), ".1%"),
-    "training_step.one_ours_mfu": (lambda: _one("ours", "mfu"), ".1%"),
-    "training_step.one_peak_gib": (lambda: one_gpu_rows().peak_allocated_gib.max(), ".1f"),
-    "training_step.one_low_gib": (lambda: _one_estimate("lower_bound"), ".1f"),
-    "training_step.one_estimate_gib": (lambda: _one_estimate("estimate"), ".1f"),
-    "training_step.one_attention_extra_ms": (attention_extra_ms, ".0f"),
-    "training_step.one_layers": (lambda: CFG.num_layers, "d"),
-    "training_step.one_goal_speedup": (lambda: _one("stock", "step_ms") / 1e3 / GOAL_S, ".2f"),
-    "training_step.params_b": (lambda: arithmetic.params(CFG) / 1e9, ".2f"),
-    "training_step.flops": (lambda: f"{flops() / 1e15:.2f} x 10^15", ""),
-    "training_step.ideal_s": (lambda: seconds_at(1.0), ".2f"),
-    "training_step.goal_mfu": (lambda: mfu_at(GOAL_S), ".0%"),
-    "training_step.goal_s": (lambda: GOAL_S, ".1f"),
-    "training_step.stretch_mfu": (lambda: mfu_at(STRETCH_S), ".0%"),
-    "training_step.plain_gib": (lambda: budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).lower_bound / GIB, ".0f"),
-    "training_step.plain_probs_gib": (
-        lambda: budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).attention_probabilities / GIB, ".0f"),
-    "training_step.ours_fsdp_gib": (
-        lambda: budget_of(LAYOUTS["ours (FlashAttention, fused loss, FSDP2, every block checkpointed)"]).estimate / GIB, ".0f"),
-    "training_step.ours_ddp_gib": (
-        lambda: budget_of(LAYOUTS["ours, no sharding (DDP), every block checkpointed"]).estimate / GIB, ".0f"),
+    "one_stock_ms": lambda: f'{_one("stock", "step_ms"):,.0f}',
+    "one_ours_ms": lambda: f'{_one("ours", "step_ms"):,.0f}',
+    "one_gap_ms": lambda: f'{_one("ours", "step_ms") - _one("stock", "step_ms"):.0f}',
+    "one_stock_mfu": lambda: f'{_one("stock", "mfu"):.1%}',
+    "one_ours_mfu": lambda: f'{_one("ours", "mfu"):.1%}',
+    "one_peak_gib": lambda: f"{one_gpu_rows().peak_allocated_gib.max():.1f}",
+    "one_low_gib": lambda: f'{_one_estimate("lower_bound"):.1f}',
+    "one_estimate_gib": lambda: f'{_one_estimate("estimate"):.1f}',
+    "one_attention_extra_ms": lambda: f"{attention_extra_ms():.0f}",
+    "one_attention_git": lambda: STEP_ROWS_ATTENTION_GIT,
+    "one_layers": lambda: CFG.num_layers,
+    "one_goal_speedup": lambda: f'{_one("stock", "step_ms") / 1e3 / GOAL_S:.2f}',
+    "flops": lambda: f"{flops() / 1e15:.2f} x 10^15",
+    "ideal_s": lambda: f"{seconds_at(1.0):.2f}",
+    "goal_mfu": lambda: f"{mfu_at(GOAL_S):.0%}",
+    "goal_s": lambda: f"{GOAL_S:.1f}",
+    "plain_gib": lambda: f'{budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).lower_bound / GIB:.0f}',
+    "plain_probs_gib": lambda: f'{budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).attention_probabilities / GIB:.0f}',
+    "ours_fsdp_gib": lambda: f'{budget_of(LAYOUTS["ours (FlashAttention, fused loss, FSDP2, every block checkpointed)"]).estimate / GIB:.0f}',
+    "ours_ddp_gib": lambda: f'{budget_of(LAYOUTS["ours, no sharding (DDP), every block checkpointed"]).estimate / GIB:.0f}',
     # the fused loss (results/training_step/fused_ce)
-    "training_step.ce_fused_ms": (lambda: _ce("fused", "ms"), ".0f"),
-    "training_step.ce_torch_ms": (lambda: _ce("torch", "ms"), ".0f"),
-    "training_step.ce_chunked_ms": (lambda: _ce("torch-chunked", "ms"), ".0f"),
-    "training_step.ce_fused_gib": (lambda: _ce("fused", "peak_gib"), ".1f"),
-    "training_step.ce_torch_gib": (lambda: _ce("torch", "peak_gib"), ".1f"),
-    "training_step.ce_chunked_gib": (lambda: _ce("torch-chunked", "peak_gib"), ".1f"),
-    "training_step.ce_logits_gib": (lambda: _ce("torch", "full_logits_gib"), ".1f"),
-    "training_step.ce_torch_over_logits": (lambda: _count_words(_ce("torch", "peak_gib") / _ce("torch", "full_logits_gib")), ""),
-    "training_step.ce_memory_ratio": (lambda: _ce("torch", "peak_gib") / _ce("fused", "peak_gib"), ".0f"),
-    "training_step.ce_speedup": (lambda: _ce("torch", "ms") / _ce("fused", "ms"), ".2f"),
-    "training_step.ce_saved_ms": (lambda: _ce("torch-chunked", "ms") - _ce("fused", "ms"), ".0f"),
-    "training_step.ce_chunked_slowdown": (lambda: _ce("torch-chunked", "ms") / _ce("fused", "ms"), ".1f"),
-    "training_step.ce_fused_tflops": (lambda: _ce("fused", "tflops"), ".0f"),
-    "training_step.ce_fused_of_ceiling": (lambda: _ce("fused", "tflops") / matmul_ceiling_tflops("bf16"), ".0%"),
+    "ce_fused_ms": lambda: f'{_ce("fused", "ms"):.0f}',
+    "ce_torch_ms": lambda: f'{_ce("torch", "ms"):.0f}',
+    "ce_chunked_ms": lambda: f'{_ce("torch-chunked", "ms"):.0f}',
+    "ce_fused_gib": lambda: f'{_ce("fused", "peak_gib"):.1f}',
+    "ce_torch_gib": lambda: f'{_ce("torch", "peak_gib"):.1f}',
+    "ce_chunked_gib": lambda: f'{_ce("torch-chunked", "peak_gib"):.1f}',
+    "ce_logits_gib": lambda: f'{_ce("torch", "full_logits_gib"):.1f}',
+    "ce_torch_over_logits": lambda: _count_words(_ce("torch", "peak_gib") / _ce("torch", "full_logits_gib")),
+    "ce_saved_ms": lambda: f'{_ce("torch-chunked", "ms") - _ce("fused", "ms"):.0f}',
+    "ce_chunked_slowdown": lambda: f'{_ce("torch-chunked", "ms") / _ce("fused", "ms"):.1f}',
+    "ce_fused_tflops": lambda: f'{_ce("fused", "tflops"):.0f}',
+    "ce_fused_of_ceiling": lambda: f'{_ce("fused", "tflops") / matmul_ceiling_tflops("bf16"):.0%}',
     # the AdamW step (results/training_step/fused_adamw)
-    "training_step.adamw_ours_ms": (lambda: _adamw("ours", "ms"), ".1f"),
-    "training_step.adamw_fused_ms": (lambda: _adamw("torch-fused", "ms"), ".1f"),
-    "training_step.adamw_foreach_ms": (lambda: _adamw("torch-foreach", "ms"), ".1f"),
-    "training_step.adamw_speedup": (lambda: _adamw("torch-fused", "ms") / _adamw("ours", "ms"), ".2f"),
-    "training_step.adamw_saved_ms": (lambda: _adamw("torch-fused", "ms") - _adamw("ours", "ms"), ".0f"),
-    "training_step.adamw_params_b": (lambda: _adamw("ours", "numel") / 1e9, ".2f"),
-    "training_step.adamw_ours_tbps": (lambda: _adamw("ours", "gb_per_s") / 1e3, ".1f"),
-    "training_step.adamw_fused_tbps": (lambda: _adamw("torch-fused", "gb_per_s") / 1e3, ".1f"),
-    "training_step.adamw_ours_of_copy": (lambda: _adamw("ours", "gb_per_s") / 1e3 / copy_ceiling_tbps(), ".0%"),
-    "training_step.adamw_ours_host_ms": (lambda: _adamw("ours", "host_ms"), ".1f"),
-    "training_step.adamw_fused_host_ms": (lambda: _adamw("torch-fused", "host_ms"), ".1f"),
+    "adamw_ours_ms": lambda: f'{_adamw("ours", "ms"):.1f}',
+    "adamw_fused_ms": lambda: f'{_adamw("torch-fused", "ms"):.1f}',
+    "adamw_speedup": lambda: f'{_adamw("torch-fused", "ms") / _adamw("ours", "ms"):.2f}',
+    "adamw_saved_ms": lambda: f'{_adamw("torch-fused", "ms") - _adamw("ours", "ms"):.0f}',
+    "adamw_params_b": lambda: f'{_adamw("ours", "numel") / 1e9:.2f}',
+    "adamw_ours_tbps": lambda: f'{_adamw("ours", "gb_per_s") / 1e3:.1f}',
+    "adamw_fused_tbps": lambda: f'{_adamw("torch-fused", "gb_per_s") / 1e3:.1f}',
+    "adamw_ours_of_copy": lambda: f'{_adamw("ours", "gb_per_s") / 1e3 / copy_ceiling_tbps():.0%}',
+    "adamw_ours_host_ms": lambda: f'{_adamw("ours", "host_ms"):.1f}',
+    "adamw_fused_host_ms": lambda: f'{_adamw("torch-fused", "host_ms"):.1f}',
 }
-register(FACTS)
+
+
+H200_GIB = 139  # the usable memory the page states for one H200 (about 139 GiB of 141 GB)
+_fits = lambda name: budget_of(LAYOUTS[name]).estimate < H200_GIB * GIB
+
+
+def _pieces_at_the_steps_shapes() -> bool:
+    ce, adamw = ce_rows(), adamw_rows()
+    return ((ce.positions == BATCH * CONTEXT).all() and (ce.vocab == CFG.vocab_size).all() and (ce.d_model == CFG.d_model).all()
+            and (ce.dtype == "bf16").all() and (adamw["size"] == "8B").all() and (adamw.shard == GPUS).all()
+            and (adamw.dtype == "bf16").all() and abs(adamw.numel.iloc[0] / (arithmetic.params(CFG) / GPUS) - 1) <= 0.01)
+
+
+def _fused_pieces_beat_pytorch() -> bool:
+    return (_one("ours", "step_ms") > _one("stock", "step_ms") and _one("ours", "mfu") < _one("stock", "mfu")
+            and _ce("fused", "ms") < min(_ce("torch", "ms"), _ce("torch-chunked", "ms")) and _adamw("ours", "ms") < _adamw("torch-fused", "ms"))
+
+
+def _one_gpu_peaks_inside_the_budget() -> bool:
+    peaks = one_gpu_rows().peak_allocated_gib
+    return (len({f"{p:.1f}" for p in peaks}) == 1  # "both peaked at" one number, as the page prints it
+            and _one_estimate("lower_bound") < peaks.min() and peaks.max() < _one_estimate("estimate"))
+
+
+register("training_step", facts=FACTS, tables={
+    "arithmetic": arithmetic_table, "budget": budget_table, "ce": ce_table, "adamw": adamw_table, "one_gpu": one_gpu_table,
+}, claims={
+    "goal_is_about_half_the_datasheet_rate": lambda: 4.7e15 < flops() < 4.8e15 and 2.3 < seconds_at(1.0) < 2.5
+    and 0.5 < mfu_at(GOAL_S) < 0.55,
+    "plain_model_does_not_fit": lambda: budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).lower_bound / GIB > 10 * H200_GIB
+    and (lambda b: b.attention_probabilities > 0.5 * b.end_of_forward)(budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"])),
+    "ours_fits_sharded_and_replicated": lambda: budget_of(LAYOUTS["ours (FlashAttention, fused loss, FSDP2, every block checkpointed)"]).estimate
+    < budget_of(LAYOUTS["ours, no sharding (DDP), every block checkpointed"]).estimate < H200_GIB * GIB and _fits("ours, FSDP2, last 10 blocks kept"),
+    "full_logits_are_18_5_gib": lambda: f"{BATCH * CONTEXT * CFG.vocab_size * 2 / GIB:.1f}" == "18.5" and BATCH * CONTEXT == 65_536,
+    "pieces_timed_at_the_steps_shapes": _pieces_at_the_steps_shapes,
+    "fused_loss_a_little_faster": lambda: 1.0 < _ce("torch", "ms") / _ce("fused", "ms") < 1.2,
+    "fused_loss_needs_a_tenth_of_the_memory": lambda: 1 / 14 < _ce("fused", "peak_gib") / _ce("torch", "peak_gib") < 1 / 7,
+    "chunked_loss_saves_memory_but_is_slower": lambda: _ce("fused", "peak_gib") < _ce("torch-chunked", "peak_gib") < _ce("torch", "peak_gib") / 5
+    and _ce("torch-chunked", "ms") > max(1.4 * _ce("fused", "ms"), _ce("torch", "ms")),
+    "cross_entropy_holds_three_logit_buffers": lambda: round(_ce("torch", "peak_gib") / _ce("torch", "full_logits_gib")) == 3
+    and _ce("fused", "peak_gib") < _ce("torch", "full_logits_gib") / 2,
+    "fused_loss_near_the_matmul_ceiling": lambda: _ce("fused", "tflops") > 0.85 * matmul_ceiling_tflops("bf16"),
+    "fused_adamw_beats_torch_foreach_slowest": lambda: _adamw("ours", "ms") < _adamw("torch-fused", "ms") / 1.2
+    and _adamw("torch-foreach", "ms") > 2 * _adamw("torch-fused", "ms"),
+    "fused_adamw_near_the_copy_bandwidth": lambda: _adamw("ours", "gb_per_s") / 1e3 > 0.85 * copy_ceiling_tbps()
+    and _adamw("torch-fused", "gb_per_s") < _adamw("ours", "gb_per_s"),
+    "adamw_launches_hide_behind_the_gpu": lambda: _adamw("torch-fused", "host_ms") < _adamw("ours", "host_ms") < 0.5 * _adamw("ours", "ms"),
+    "adamw_saving_is_small": lambda: 0 < (_adamw("torch-fused", "ms") - _adamw("ours", "ms")) / 1e3 < 0.01 * GOAL_S,
+    "sdpa_has_the_faster_attention": lambda: step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd"),
+    "sdpa_flash_backend_is_slower_than_ours": lambda: step("flash", "fwd_bwd") > step("ours", "fwd_bwd") and step("flash", "fwd") > step("ours", "fwd"),
+    "fused_pieces_win_the_step_loses": _fused_pieces_beat_pytorch,
+    "attention_covers_the_gap": lambda: attention_extra_ms() > _one("ours", "step_ms") - _one("stock", "step_ms") > 0,
+    "one_gpu_rows_single_steps_one_run": lambda: (one_gpu_rows().n_timed == 1).all() and one_gpu_rows().run_id.nunique() == 1
+    and all(f["checkpointed_blocks"] == CFG.num_layers and f["compile"] for f in one_gpu_rows()["flags"]),
+    "goal_needs_a_faster_step": lambda: _one("stock", "step_ms") / 1e3 / GOAL_S > 1,
+    "one_gpu_peaks_inside_the_budget": _one_gpu_peaks_inside_the_budget,
+})

@@ -22,8 +22,8 @@ if not torch.cuda.is_available():
 def pytest_configure(config):
     from tests.chapters import CHAPTERS
 
-    for marker, (title, _) in CHAPTERS.items():
-        config.addinivalue_line("markers", f"{marker}: proves the chapter '{title}'")
+    for chapter in CHAPTERS:
+        config.addinivalue_line("markers", f"{chapter.marker}: proves the chapter '{chapter.title}'")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -201,17 +201,16 @@ def test_no_page_keeps_raw_latex(site: Path):
     assert not leftovers, f"unconverted math (page text or table of contents): {leftovers}"
 
 
-LEFT_PLACEHOLDER = re.compile(r"\{\{\s*([a-z0-9_]+(?:\.[a-z0-9_]+)+)\s*\}\}")
-# The one placeholder a page shows on purpose: the reproducing page explaining how facts are filled.
-SHOWN_ON_PURPOSE = {("reproducing/index.html", "ceilings.bf16_tflops")}
+LEFT_MARKER = re.compile(r"\{\{\s*(?:(?:claim|table|figure):\s*)?([a-z0-9_]+(?:\.[a-z0-9_]+)+)\s*\}\}")
 
 
-def test_no_page_shows_an_unfilled_fact(site: Path):
-    # The facts hook leaves inline code alone, so a placeholder written inside backticks reaches the
-    # reader as "{{ chapter.name }}" instead of its number: write it outside the code span.
+def test_no_page_shows_an_unfilled_marker(site: Path):
+    # The markers hook leaves code alone, so a marker written inside backticks reaches the reader as
+    # "{{ chapter.name }}" instead of its number: outside code (where the reproducing page shows
+    # markers on purpose) none may be left.
     left = {(str(p.relative_to(site)), m.group(1)) for p in site.rglob("*.html")
-            for m in LEFT_PLACEHOLDER.finditer(p.read_text())}
-    assert left - SHOWN_ON_PURPOSE == set()
+            for m in LEFT_MARKER.finditer(NOT_PROSE.sub("", p.read_text()))}
+    assert left == set()
 
 
 # ------------------------------------------------------------- the math hook on its own
@@ -252,22 +251,54 @@ def test_math_hook_reports_bad_latex(tex):
     assert len(errors) == 1 and errors[0].startswith("ch.md: cannot convert inline math")
 
 
-def test_bad_latex_or_a_failing_exec_block_fails_the_strict_build_naming_the_page(tmp_path: Path):
+def test_bad_latex_or_a_failing_marker_fails_the_strict_build_naming_the_page(tmp_path: Path):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "index.md").write_text("# ok\n\n$x^2$\n")
     (docs / "broken.md").write_text("# broken\n\n$$\n\\frac{1}{\n$$\n")
-    (docs / "failing.md").write_text('# failing\n\n```python exec="on"\nraise FileNotFoundError("no results")\n```\n')
-    hooks = ", ".join(str(DOCS / "hooks" / f"{name}.py") for name in ("mathml", "exec_page"))
+    (docs / "failing.md").write_text("# failing\n\nText.\n\n{{ table: reproducing.no_such_table }}\n")
+    hooks = ", ".join(str(DOCS / "hooks" / f"{name}.py") for name in ("mathml", "markers"))
     (tmp_path / "mkdocs.yml").write_text(
-        f"site_name: probe\ntheme: {{name: mkdocs}}\nhooks: [{hooks}]\nplugins: [markdown-exec]\n"
+        f"site_name: probe\ntheme: {{name: mkdocs}}\nhooks: [{hooks}]\n"
         "markdown_extensions: [pymdownx.superfences, {pymdownx.arithmatex: {generic: true}}]\n")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     log = proc.stderr + proc.stdout
     assert proc.returncode != 0, log
     assert "broken.md: cannot convert display math" in log
-    assert "failing.md: markdown_exec: Execution of python code block exited with errors" in log
+    assert "failing.md:5: table reproducing.no_such_table: KeyError" in log
+
+
+# ------------------------------------------------------------- the markers hook and its claims
+
+def test_markers_fill_facts_and_tables_and_a_false_claim_names_its_line(monkeypatch):
+    from report import registry
+
+    fill = _hook("markers").fill
+    text, figures, problems = fill("A {{ ceilings.bf16_tflops }} TFLOP/s matmul. {{ claim: ceilings.tf32_several_times_fp32 }}\n"
+                                   "`{{ ceilings.copy_tbps }}` stays code.\n\n  {{ table: reproducing.peaks }}\n", "p.md")
+    assert problems == [] and figures == []
+    assert f"A {registry.fact('ceilings.bf16_tflops')} TFLOP/s matmul.\n" in text  # the claim and its space are gone
+    assert "`{{ ceilings.copy_tbps }}`" in text and "\n  | device |" in text  # the table keeps the marker's indent
+    monkeypatch.setenv(registry.NEGATE, "ceilings.tf32_several_times_fp32")
+    _, _, problems = fill("x\nSo. {{ claim: ceilings.tf32_several_times_fp32 }} And {{ table: reproducing.peaks }}\n", "p.md")
+    assert problems == ["p.md:2: claim ceilings.tf32_several_times_fp32 is false",
+                        "p.md:2: table reproducing.peaks must stand on a line of its own"]
+
+
+def test_a_false_claim_fails_the_real_strict_build_naming_page_line_and_claim(tmp_path: Path):
+    # The site as it is, with one claim read as false: the build stops and names every line of the
+    # first page that uses it.
+    from tests.claims.test_claims import USES
+
+    name = "ddp.flat_not_clearly_faster"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "REPORT_NEGATE_CLAIM": name, "NO_MKDOCS_2_WARNING": "1"})
+    log = proc.stderr + proc.stdout
+    assert proc.returncode != 0, log[-3000:]
+    assert any(f"{where}: claim {name} is false" in log for where in USES[("claim", name)]), log[-3000:]
+    assert " is false" not in log.replace(f"claim {name} is false", ""), "another claim failed too"
 
 
 # ---------------------------------------------------------- (d) the built site requests nothing else

@@ -61,7 +61,8 @@ def test_probe_keeps_the_newest_row_and_names_a_missing_cell(monkeypatch):
     def row(mode, ms):
         return {"mode": mode, "block_m": 64, "block_n": 64, "bh": 16, "seq": 16384, "d": 64, "ms": ms,
                 "gbytes": 8.6, "gb_per_s": 8.6 / ms * 1e3, "status": "ok"}
-    monkeypatch.setattr(diagnostics, "load_results", lambda *a, **k: pd.DataFrame([row("tma", 3.0), row("tma", 2.0)]))
+    rows = pd.DataFrame([row("tma", 3.0), row("tma", 2.0)]).assign(time_utc=["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"])
+    monkeypatch.setattr(diagnostics, "load_results", lambda *a, **k: rows)
     assert diagnostics.probe_ms("tma", 64, 64) == 2.0  # a re-run replaces the cell
     with pytest.raises(KeyError, match="no reduce_probe row"):
         diagnostics.probe_ms("atomics", 64, 64)

@@ -1,5 +1,5 @@
-"""The Part 1 report modules (report/profiling.py, profiling_attribution.py, mixed_precision.py,
-memory.py, attention.py, attention_oom.py): what they compute from rows written here, independent of
+"""The Part 1 report modules (report/profiling.py, mixed_precision.py, memory.py,
+attention.py): what they compute from rows written here, independent of
 the committed results, and that every fact the chapters quote renders from the committed ones."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.bench.store import ResultStore, results_path
 from cs336_systems.profiling.attention_oom import KEY as OOM_KEY
 from cs336_systems.profiling.kernel_attribution import ATTRIBUTION
-from report import facts
+from report import registry
 from report import results as report_results
 
-PART1 = ("profiling", "profiling_kernels", "profiling_attribution", "mixed_precision", "bf16_timings",
-         "memory", "attention", "attention_oom")
+PART1 = ("profiling", "mixed_precision",
+         "memory", "attention")
 PREFIXES = ("profiling.", "mixed_precision.", "memory.", "attention.")
 
 
@@ -32,17 +32,17 @@ def results_root(tmp_path, monkeypatch):
 def test_every_part1_fact_renders_from_the_committed_results():
     for name in PART1:
         importlib.import_module(f"report.{name}")
-    names = [n for n in facts._FACTS if n.startswith(PREFIXES)]
+    names = [n for n in registry.names("fact") if n.startswith(PREFIXES)]
     assert len(names) > 100
     for name in names:
-        text = facts._FACTS[name]()
+        text = registry.fact(name)
         assert text and "nan" not in text.lower(), (name, text)
 
 
 # ---- the bf16 cells measured twice (report.mixed_precision) -------------------------------------------
 
 def test_remeasured_rows_pair_each_cells_first_and_newest_run_with_the_newest_clock_record(results_root):
-    from report.bf16_timings import remeasured_rows, remeasured_table
+    from report.mixed_precision import remeasured_rows, remeasured_table
 
     cell = {"schema": "cs336-results/1", "bench": "end-to-end/timings", "size": "xl", "mode": "forward",
             "dtype": "bf16", "status": "ok"}
@@ -88,7 +88,7 @@ def _oom_rows(root, split_32k_runs: bool) -> None:
 
 @pytest.mark.parametrize("split_runs", [True, False])
 def test_allocator_checks_in_score_matrices_and_the_verdict(results_root, split_runs):
-    from report import attention_oom
+    from report import attention as attention_oom
 
     _oom_rows(results_root, split_runs)
     assert attention_oom.stranded_block_confirmed() is split_runs
@@ -97,7 +97,7 @@ def test_allocator_checks_in_score_matrices_and_the_verdict(results_root, split_
     assert "| 32,768 | default | out of memory | 3.00 | 4.00 | 32.00 | 7.50 | 29.30 |" in table
 
 
-# ---- the kernel double count (report.profiling_attribution) ----------------------------------------------
+# ---- the kernel double count (report.profiling) ----------------------------------------------
 
 def _first_attribution_only(root) -> None:
     """Copy the committed profiler rows, keeping only those of the first attribution."""
@@ -110,15 +110,14 @@ def _first_attribution_only(root) -> None:
 
 
 def test_marked_cells_then_a_rerun_that_replaces_their_kernels(tmp_path, monkeypatch):
-    from report import profiling_attribution
-    from report import profiling_kernels as profiling
+    from report import profiling
 
     _first_attribution_only(tmp_path)
     monkeypatch.setattr(report_results, "RESULTS_ROOT", tmp_path)
     old = profiling.kernel_cells()
     marked = [(r["size"], r.context) for _, r in old.iterrows() if profiling.overcounted(r)]
     assert marked  # the first-attribution rows hold cells with more kernel time than wall time
-    assert profiling_attribution.rerun_cells().empty
+    assert profiling.rerun_cells().empty
     cells, kernels = (tmp_path / "profiling" / b / "nvidia-h200.jsonl" for b in ("kernel_cells", "kernels"))
     with cells.open("a") as fc, kernels.open("a") as fk:
         for size, ctx in marked:  # a re-run of each marked cell with the fixed attribution
@@ -138,10 +137,10 @@ def test_marked_cells_then_a_rerun_that_replaces_their_kernels(tmp_path, monkeyp
                                      "total_ms": 1.0, "share": 1.0, "status": "ok", "cell_run": run,
                                      "time_utc": "2099-01-01T00:00:00Z"}) + "\n")
     assert not any(profiling.overcounted(r) for _, r in profiling.kernel_cells().iterrows())
-    m = profiling_attribution.marked_rows()
+    m = profiling.marked_rows()
     assert {(s, c) for s, c in zip(m["size"], m["context"])} == set(marked)
     assert (m["re-run: kernels ms"] < m["re-run: range ms"]).all()
-    checks = profiling_attribution.rerun_checks()
+    checks = profiling.rerun_checks()
     assert len(checks) == len(marked)
     assert checks["old sum over unique, fwd"].tolist() == pytest.approx([0.05] * len(marked))
     assert (checks["CPU events listed twice"] == 3).all()

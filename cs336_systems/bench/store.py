@@ -13,7 +13,7 @@ new row starts on a line of its own instead of being glued to the torn one. Anyt
 not a row of ours (a line that is not UTF-8, or not JSON and not a torn row, a row without the
 bench's key fields, a directory in the file's place) makes a writer refuse the file before it
 measures anything (NotOurResultsFile, naming file and line); readers skip such lines with the same
-warning, and the site build (docs/hooks/exec_page.py, log_skipped_lines) turns each into a
+warning, and the site build (docs/hooks/markers.py, log_skipped_lines) turns each into a
 warning that fails `mkdocs build --strict`.
 
 Every row carries the id of the invocation that wrote it (`invocation`). The committed rows are the

@@ -1,0 +1,104 @@
+"""Head dim 128 at the 8B step's attention (1 x 32 x 32,768, causal): what each change to the Gluon
+kernels bought, every version beside cuDNN in its own run (results/attention/d128_probe and
+ab_bwd128, `just bench flash-d128-probe` and `flash-ab-bwd128`)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .registry import register
+from .results import load_results, markdown_table, provenance_line
+
+PROBE, AB = "attention/d128_probe", "attention/ab_bwd128"
+STEP = {"batch": 1, "heads": 32, "seq": 32768, "causal": True}
+
+# (what changed, bench, run, our forward's impl, our backward's impl): the versions in the order
+# they were made; None where the row's kernel is the previous row's (not timed again)
+VERSIONS = (
+    ("the table's Triton kernels", PROBE, "20261201T155333", "table", "table"),
+    ("Gluon forward: 2 consumer warpgroups, 128-key tiles, 3 stages", PROBE, "20261201T155333",
+     "gluon_ws nw2 bn128 st3", None),
+    ("Gluon backward for d = 128 (loader warp, two math warpgroups)", PROBE, "20261201T160342", None,
+     "gluon_bwd128 st2 sl1"),
+    ("the same backward, timed again beside its ablations", AB, "20261201T160722", None, "full st2 sl1"),
+    ("the same backward without dQ's adds (ablation: dQ wrong)", AB, "20261201T160722", None, "no_reduce st2 sl1"),
+    ("the same backward without dQ at all (ablation: dQ wrong)", AB, "20261201T160722", None, "no_dq st2 sl1"),
+    ("the programs of one head run together (both kernels)", PROBE, "20261201T161804",
+     "gluon_ws nw2 bn128 st3 g1", "gluon_bwd128 st2 sl1 g1"),
+)
+
+
+def _rows(bench: str, run: str) -> pd.DataFrame:
+    df = load_results(bench, status="ok")
+    df = df[(df.run == run)]
+    for k, v in STEP.items():
+        df = df[df[k] == v]
+    return df
+
+
+def _median(bench: str, run: str, impl: str, part: str) -> float:
+    """Median ms of one implementation's `part` ("fwd", "bwd", "fwd+bwd") in one run."""
+    df = _rows(bench, run)
+    if bench == PROBE:
+        hit = df[(df.impl == impl) & (df["pass"] == part)]
+    elif impl.startswith("cudnn"):
+        hit = df[df.impl == ("cudnn fwd" if part == "fwd" else "cudnn fwd+bwd")]
+    else:  # "VERSION stS slL": a version of the Gluon backward
+        version, stages, slots = impl.split()
+        hit = df[(df.impl == "gluon bwd128") & (df.version == version) & (df.stages == int(stages[2:]))
+                 & (df.slots == int(slots[2:]))]
+    if hit.empty:
+        raise ValueError(f"{bench}: no {impl} {part} rows in run {run}")
+    return float(hit.ms.median())
+
+
+def cudnn_ms(bench: str, run: str) -> tuple[float, float]:
+    """cuDNN's forward and backward (forward+backward less forward) in the same run."""
+    fwd = _median(bench, run, "cudnn", "fwd")
+    return fwd, _median(bench, run, "cudnn", "fwd+bwd") - fwd
+
+
+def versions() -> pd.DataFrame:
+    """Per version: our forward and backward ms and each against cuDNN's in the same run."""
+    out = []
+    for what, bench, run, fwd, bwd in VERSIONS:
+        c_fwd, c_bwd = cudnn_ms(bench, run)
+        f = _median(bench, run, fwd, "fwd") if fwd else float("nan")
+        b = _median(bench, run, bwd, "bwd") if bwd else float("nan")
+        out.append({"change": what, "forward ms": f, "vs cuDNN": c_fwd / f, "backward ms": b,
+                    "vs cuDNN ": c_bwd / b, "git": _rows(bench, run).git.iloc[0]})
+    return pd.DataFrame(out)
+
+
+def versions_table() -> str:
+    v = versions()
+    shown = v.drop(columns="git").copy()
+    for col in shown.columns[1:]:
+        shown[col] = [("—" if pd.isna(x) else f"{x:.1f}" if "ms" in col else f"{x:.2f}x") for x in v[col]]
+    used = pd.concat([_rows(bench, run) for _, bench, run, _, _ in VERSIONS])
+    return (markdown_table(shown) + "\n\n" + provenance_line(used, "results/attention/d128_probe, ab_bwd128")
+            + " *Medians of three interleaved rounds; cuDNN timed in the same run as each version (its backward:"
+            " forward+backward less forward). — : that kernel was not timed again in that run.*")
+
+
+def _step(name: str) -> pd.Series:
+    return versions().set_index("change").loc[name]
+
+
+FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED = (v[0] for v in VERSIONS[2:7])
+register("flash", facts={
+    "d128_first_bwd_ms": lambda: f"{_step(FIRST_BWD)['backward ms']:.1f}",
+    "d128_grouped_bwd_ms": lambda: f"{_step(GROUPED)['backward ms']:.1f}",
+    "d128_dq_share": lambda: f"{1 - _step(NO_DQ)['backward ms'] / _step(AGAIN)['backward ms']:.0%}",
+    "d128_grouped_fwd_ratio": lambda: f"{_step(GROUPED)['vs cuDNN']:.2f}",
+    "d128_grouped_bwd_ratio": lambda: f"{_step(GROUPED)['vs cuDNN ']:.2f}",
+}, tables={"d128_versions": versions_table}, claims={
+    # dQ (its matmul and its adds, each a real part of it) is over a quarter of the backward;
+    # grouping the heads cut the backward by over 5% and took the forward to at least cuDNN's
+    # speed; the backward stays behind
+    "d128_dq_is_over_a_quarter": lambda: (1 - _step(NO_DQ)["backward ms"] / _step(AGAIN)["backward ms"] > 0.25
+                                          and _step(AGAIN)["backward ms"] > _step(NO_ADDS)["backward ms"]
+                                          > _step(NO_DQ)["backward ms"]),
+    "d128_grouping_helped_both": lambda: (_step(GROUPED)["backward ms"] < 0.95 * _step(FIRST_BWD)["backward ms"]
+                                          and _step(GROUPED)["vs cuDNN"] >= 1.0 > _step(GROUPED)["vs cuDNN "]),
+})
