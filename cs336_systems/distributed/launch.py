@@ -269,7 +269,11 @@ def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: s
         # earliest failure, which is the cause.
         message = traceback.format_exc()
         sys.stderr.write(f"[rank {rank}] " + message)
-        (Path(out_dir) / f"rank{rank}.err").write_text(f"{time.time()!r}\n{message}")
+        # written whole or not at all (a temporary file, then a rename): the parent may read the
+        # folder at any moment, and once read a half-written file as an empty time stamp
+        tmp = Path(out_dir) / f".rank{rank}.err.tmp"
+        tmp.write_text(f"{time.time()!r}\n{message}")
+        os.replace(tmp, Path(out_dir) / f"rank{rank}.err")
         # Leave here rather than raise: torch's spawn would pickle the traceback into a
         # /tmp/pytorch-errorfile-*.pickle that nobody removes; the parent reads rank<N>.err.
         sys.stdout.flush()
