@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from report import flash_grid, gpu_tests
+from report import gpu_tests
 from report.results import REPO_ROOT
 from tests import adapters
 from tests.claims.test_claims import USES
@@ -120,3 +120,11 @@ def test_the_fsdp_adapters_table_names_what_each_adapter_returns():
         fn = getattr(adapters, name)
         assert list(inspect.signature(fn).parameters) == [p.split("=")[0].strip() for p in params.split(",")], name
         assert ours.split(".")[-1] in inspect.getsource(fn), f"{name} does not use {ours}"
+
+
+def test_the_two_gpu_script_runs_the_fsdp_benchmark_on_the_2026_xl():
+    # fsdp.md, "Which xl": "the two-GPU runs' script, `scripts/two_gpu_runs.sh`, runs the benchmark
+    # on `2.7B`" (both its FSDP lines: the two-GPU one and the shared-GPU one)
+    lines = [line for line in (REPO_ROOT / "scripts" / "two_gpu_runs.sh").read_text().splitlines()
+             if re.match(r"run_\w+\(\) \{ .*bench fsdp ", line)]
+    assert len(lines) == 2 and all("--size 2.7B" in line for line in lines)
