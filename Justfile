@@ -50,6 +50,7 @@ build:
 bench NAME *ARGS:
     python -m cs336_systems.bench {{NAME}} {{ARGS}}
 
-# Run every GPU benchmark in order (on a GPU node); each sweep resumes where it stopped
+# Run every GPU benchmark in order (on a GPU node): first each one's rough time on an H200 (from the
+# committed rows), then each measures every cell again under a new run id, with a progress line
 bench-all *ARGS:
-    for b in $(python -m cs336_systems.bench gpu-names); do echo "== $b"; python -m cs336_systems.bench $b {{ARGS}} || echo "!! $b failed; continuing"; done
+    python -m cs336_systems.bench all {{ARGS}}

@@ -86,7 +86,14 @@ def _step(name: str) -> pd.Series:
 
 
 FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED = (v[0] for v in VERSIONS[2:7])
+def _gluon_triton() -> str:
+    from cs336_systems.attention.fast.gluon.requirements import GLUON_TRITON
+
+    return GLUON_TRITON
+
+
 register("flash", facts={
+    "gluon_triton": _gluon_triton,
     "d128_first_bwd_ms": lambda: f"{_step(FIRST_BWD)['backward ms']:.1f}",
     "d128_grouped_bwd_ms": lambda: f"{_step(GROUPED)['backward ms']:.1f}",
     "d128_dq_share": lambda: f"{1 - _step(NO_DQ)['backward ms'] / _step(AGAIN)['backward ms']:.0%}",

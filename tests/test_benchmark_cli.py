@@ -86,8 +86,8 @@ def test_a_results_file_that_is_not_ours_is_refused_and_left_alone(tmp_path, cap
 
 
 def test_a_killed_sweep_resumes_without_repeating_finished_cells(tmp_path, monkeypatch):
-    """The 'timings' sweep dies (KeyboardInterrupt, as from a kill) at its third cell; re-running
-    the same command measures only the cells not yet stored."""
+    """The 'timings' sweep dies (KeyboardInterrupt, as from a kill) at its third cell; the same
+    command with --resume measures only the cells that run did not finish."""
     argv = ["--part", "timings", "--sizes", "tiny", "--context", "16", "--warmup", "0", "--steps", "2",
             "--device", "cpu", "--results-dir", str(tmp_path)]
     real = sweeps.measure
@@ -112,7 +112,7 @@ def test_a_killed_sweep_resumes_without_repeating_finished_cells(tmp_path, monke
         return real(model, cfg, **kw)
 
     monkeypatch.setattr(sweeps, "measure", counting)
-    assert sweeps.main(argv) == 0
+    assert sweeps.main([*argv, "--resume"]) == 0
     stored = [(r["mode"], r["dtype"]) for r in rows(path)]
     assert len(stored) == 6 and len(set(stored)) == 6  # 3 modes x 2 dtypes, each once
     assert not set(again) & set(seen)  # finished cells were not measured again
@@ -123,7 +123,7 @@ def test_a_spent_time_budget_stops_before_the_next_cell_and_resumes(tmp_path):
             "--modes", "forward", "--device", "cpu", "--results-dir", str(tmp_path)]
     assert sweeps.main([*argv, "--budget-s", "1e-9"]) == 3  # budget spent before the first cell
     assert not (tmp_path / "end-to-end" / "timings" / "cpu.jsonl").exists()
-    assert sweeps.main(argv) == 0
+    assert sweeps.main([*argv, "--budget-s", "1000"]) == 0
     assert len(rows(tmp_path / "end-to-end" / "timings" / "cpu.jsonl")) == 2
 
 
@@ -168,9 +168,9 @@ def test_kernel_sweep_takes_explicit_cells_and_redoes_only_rows_of_an_older_attr
     assert kernel_sweep.main([*argv, "--redo-stale"]) == 0 and len(rows(cells)) == 1  # current: kept
     old = {k: v for k, v in row.items() if k not in ("attribution", "cell_run")}
     cells.write_text(json.dumps(old) + "\n")  # a row of the first attribution
-    assert kernel_sweep.main(argv) == 0 and len(rows(cells)) == 1  # without the flag: skipped
     assert kernel_sweep.main([*argv, "--redo-stale"]) == 0
     assert [r.get("attribution") for r in rows(cells)] == [None, kernel_sweep.CPU_ATTRIBUTION]
+    assert kernel_sweep.main(argv) == 0 and len(rows(cells)) == 3  # without the flag: measured again
 
 
 @pytest.mark.parametrize("bad", ["tiny", "tiny:x", "tiny:16,small"])
@@ -192,7 +192,9 @@ def test_attention_oom_checks_run_each_cell_in_a_fresh_process_on_cpu(tmp_path):
     assert [(r["seq"], r["alloc_conf"], r["status"]) for r in stored] == [
         (16, "default", "ok"), (16, "max_split_size_mb:1024", "ok")]
     assert all(r["ran"] and len(r["iterations"]) == 2 for r in stored)
-    assert attention_oom.main(argv) == 0 and len(rows(tmp_path / "attention" / "oom_checks" / "cpu.jsonl")) == 2
+    path = tmp_path / "attention" / "oom_checks" / "cpu.jsonl"
+    assert attention_oom.main([*argv, "--resume"]) == 0 and len(rows(path)) == 2  # that run is complete
+    assert attention_oom.main(argv) == 0 and len(rows(path)) == 4  # a new run measures again
 
 
 def test_the_allocator_oom_message_is_parsed_into_mib():
@@ -253,7 +255,7 @@ def test_record_clocks_remeasures_timing_cells_stored_without_clocks(tmp_path, m
     assert sweeps.main([*argv, "--record-clocks"]) == 0
     assert [("clock_samples" in r) for r in rows(path)] == [False, True]
     assert rows(path)[1]["clocks_before"]["sm_mhz"] == 1755.0
-    assert sweeps.main([*argv, "--record-clocks"]) == 0 and len(rows(path)) == 2  # resumes: nothing left
+    assert sweeps.main([*argv, "--record-clocks"]) == 0 and len(rows(path)) == 2  # every cell has clocks
 
 
 def test_a_sweep_whose_cells_fail_exits_1_so_bench_all_reports_it(tmp_path, monkeypatch, capsys):
@@ -270,17 +272,18 @@ def test_a_sweep_whose_cells_fail_exits_1_so_bench_all_reports_it(tmp_path, monk
     assert [r["status"] for r in rows(tmp_path / "end-to-end" / "timings" / "cpu.jsonl")] == ["error"]
 
 
-def test_memory_remeasure_measures_stored_cells_again(tmp_path):
-    # Without --remeasure a stored cell (an OOM row included) is skipped; with it the cell is measured
-    # again and a new row appended (readers keep the newest).
+def test_memory_measures_stored_cells_again_and_remeasure_is_the_default(tmp_path, capsys):
+    # Every run measures every cell and appends a new row (readers keep the newest); --remeasure,
+    # which asked for that before, is still accepted and says it is no longer needed.
     from cs336_systems.profiling import memory_sweep
 
     argv = ["--size", "tiny", "--contexts", "16", "--dtypes", "fp32", "--modes", "train", "--device", "cpu",
             "--results-dir", str(tmp_path)]
     assert memory_sweep.main(argv) == 0 and memory_sweep.main(argv) == 0
-    assert len(rows(tmp_path / "memory" / "peaks" / "cpu.jsonl")) == 1
-    assert memory_sweep.main([*argv, "--remeasure"]) == 0
     assert len(rows(tmp_path / "memory" / "peaks" / "cpu.jsonl")) == 2
+    assert memory_sweep.main([*argv, "--remeasure"]) == 0
+    assert len(rows(tmp_path / "memory" / "peaks" / "cpu.jsonl")) == 3
+    assert "--remeasure: every run measures every cell now" in capsys.readouterr().err
 
 
 def test_snapshot_cells_measured_without_their_timeline_are_measured_again(tmp_path):

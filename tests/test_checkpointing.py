@@ -303,7 +303,7 @@ def test_checkpoint_bench_on_cpu(tmp_path):
 
 def test_checkpoint_bench_measures_the_sub_block_granularities_in_a_file_of_their_own(tmp_path):
     """The sub-block cells go beside the block-size file, not into it (whose readers key rows by k
-    alone); --remeasure measures stored cells of both again."""
+    alone); --remeasure measures cells of a resumed run again."""
     import json
 
     from cs336_systems.bench.store import results_path
@@ -321,10 +321,12 @@ def test_checkpoint_bench_measures_the_sub_block_granularities_in_a_file_of_thei
     saved = {g: r["saved_after_forward_gib"] for g, r in by.items()}
     assert saved["attn+ffn"] < min(saved["attn"], saved["ffn"])
     assert by["attn+ffn"]["segments"] == 2 * get_config("tiny").num_layers
-    assert cb.main([*argv, "--sublayers", "attn"]) == 0  # stored: nothing measured
+    assert cb.main([*argv, "--sublayers", "attn", "--resume"]) == 0  # that run is done: nothing measured
     assert len(inside.read_text().splitlines()) == 3 and len(blocks.read_text().splitlines()) == 1
-    assert cb.main([*argv, "--sublayers", "attn", "--remeasure"]) == 0
+    assert cb.main([*argv, "--sublayers", "attn", "--resume", "--remeasure"]) == 0  # again, within it
     assert len(inside.read_text().splitlines()) == 4 and len(blocks.read_text().splitlines()) == 2
+    assert cb.main([*argv, "--sublayers", "attn"]) == 0  # a new run measures every cell
+    assert len(inside.read_text().splitlines()) == 5 and len(blocks.read_text().splitlines()) == 3
 
 
 @pytest.mark.parametrize("argv, flag", [(["--ks", "0,3"], "--ks"), (["--ks", "-1"], "--ks"),

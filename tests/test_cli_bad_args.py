@@ -4,6 +4,7 @@ names the flag, no process started, no results file written. In-process through 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import tarfile
@@ -122,6 +123,55 @@ CASES = [
     ("training-step", ["--size", "tiny", "--device", "cpu", "--world-size", "3"], "--batch"),
     ("training-step", ["--size", "8B", "--device", "cpu", "--variant", "plain"], "--variant"),  # cannot fit
     pytest.param("training-step", ["--device", "cuda"], "--device", marks=needs_no_gpu),
+    pytest.param("flash-d128-probe", ["--cells", "1,2,3"], "--cells", marks=needs_triton),  # imports triton
+    # -- issue 28 (2): the fit check, before any process starts (far past any host's memory)
+    ("sharding", ["--context", "99999999"], "--context"),
+    ("ddp", ["--size", "8B", "--world-size", "1", "--batch-size", "1"], "--size"),
+    ("fsdp", ["--size", "8B"], "--size"),
+    ("tp-ffn", ["--tokens", "100000000000"], "--tokens"),
+    ("model", ["--size", "2.7B", "--context-length", "65536", "--device", "cpu"], "--context-length"),
+    ("end-to-end", ["--device", "cpu", "--sizes", "2.7B", "--context", "65536", "--part", "timings"], "--context"),
+    ("kernels", ["--device", "cpu", "--cells", "2.7B:65536"], "--cells"),
+    ("memory", ["--device", "cpu", "--contexts", "65536"], "--contexts"),
+    ("checkpointing", ["--device", "cpu", "--context", "65536"], "--context"),
+    ("attention", ["--device", "cpu", "--seqs", "262144", "--probe-seqs", ""], "--seqs"),
+    ("attention-oom", ["--device", "cpu", "--seqs", "1048576"], "--seqs"),
+    # -- issue 28 (4): bounds of numeric flags, and flags this combination would ignore
+    ("collectives", ["--sizes-mb", "1e-9"], "--sizes-mb"),  # 0 bytes: measures nothing
+    ("collectives", ["--timeout-s", "1e308"], "--timeout-s"),  # past what c10d takes
+    ("collectives", ["--timeout-s", "inf"], "--timeout-s"),
+    ("collectives", ["--sizes-mb", "1", "1"], "--sizes-mb"),
+    ("collectives", ["--world-sizes", "2", "2"], "--world-sizes"),
+    ("model", ["--seed", str(2**64)], "--seed"),  # past torch.manual_seed's range
+    ("model", ["--seed", "-1"], "--seed"),
+    ("model", ["--peak-tflops", "inf"], "--peak-tflops"),
+    ("model", ["--rope-theta", "inf"], "--rope-theta"),
+    ("ddp", ["--timeout-s", "1e308"], "--timeout-s"),
+    ("ddp", ["--stages", "naive", "naive"], "--stages"),
+    ("ddp", ["--stages", "naive", "--bucket-sizes-mb", "5"], "--bucket-sizes-mb"),
+    ("sharding", ["--methods", "ddp", "ddp"], "--methods"),
+    ("sharding", ["--methods", "zero1", "--ddp", "bucketed"], "--ddp"),
+    ("sharding", ["--timeout-s", "1e308"], "--timeout-s"),
+    ("fsdp", ["--variants", "ddp", "--trace-variants", "fsdp", "--trace-dir", "traces"], "--trace-variants"),
+    ("fsdp", ["--trace-variants", "fsdp"], "--trace-variants"),  # without --trace-dir: nothing traced
+    ("fsdp", ["--variants", "ddp", "ddp"], "--variants"),
+    ("fsdp", ["--timeout-s", "1e308"], "--timeout-s"),
+    ("tp-ffn", ["--timeout-s", "1e308"], "--timeout-s"),
+    ("tp-ffn", ["--tokens", "16,16"], "--tokens"),
+    ("training-step", ["--seed", str(2**64)], "--seed"),
+    ("training-step", ["--timeout-s", "1e308"], "--timeout-s"),
+    ("training-step", ["--variant", "stock", "stock"], "--variant"),
+    ("attention-oom", ["--child-timeout-s", "1e308"], "--child-timeout-s"),
+    ("end-to-end", ["--sizes", "tiny,tiny"], "--sizes"),
+    ("end-to-end", ["--device", "cpu", "--part", "warmup", "--record-clocks"], "--record-clocks"),
+    ("end-to-end", ["--device", "cpu", "--part", "timings", "--compile-sizes", "small"], "--compile-sizes"),
+    ("kernels", ["--device", "cpu", "--cells", "tiny:16", "--sizes", "tiny"], "--cells"),
+    ("kernels", ["--device", "cpu", "--cells", "tiny:16,tiny:16"], "--cells"),
+    ("memory", ["--device", "cpu", "--size", "tiny", "--snapshot-cells", "512/train/fp32"], "--snapshot-cells"),
+    ("attention", ["--device", "cpu", "--probe-seqs", "", "--probe-d", "32"], "--probe-d"),
+    # -- issue 28 (8): --resume names a run of this results file
+    ("ceilings", ["--device", "cpu", "--size", "small", "--resume", "nope"], "--resume"),
+    ("ceilings", ["--device", "cpu", "--size", "small", "--resume"], "--resume"),  # no file, no run
 ]
 
 
@@ -214,3 +264,307 @@ def test_gpu_snapshot_writes_the_commit_and_on_device_refuses_another(tmp_path):
                            capture_output=True, text=True)
     assert wrong.returncode == 2 and f"this snapshot is {head}" in wrong.stderr
     assert not (snap / "ran").exists() and not any(out.iterdir())
+
+
+# -- issue 28: runs a user can trust ---------------------------------------------------------------
+
+GPU_BENCHMARKS = [name for name, b in BENCHMARKS.items() if b.gpu]
+# The [gpu] benchmarks with a CPU smoke run (--device cpu --results-dir DIR); the others refuse a CPU.
+CPU_SMOKE = ["ceilings", "end-to-end", "kernels", "memory", "checkpointing", "attention", "attention-oom"]
+
+
+@pytest.fixture
+def cpu_only(monkeypatch, tmp_path):
+    """A machine without a GPU (even on a GPU node), whose default results root is a scratch folder:
+    whatever a refused run would have written lands there, not in the repository."""
+    from cs336_systems.bench import store
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    default = tmp_path / "default-results"
+    monkeypatch.setattr(store, "DEFAULT_ROOT", default)
+    return default
+
+
+def _refused(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("bench", GPU_BENCHMARKS)
+def test_every_gpu_benchmark_refuses_a_cpu_only_machine_in_one_line(bench, cpu_only, capsys, no_new_processes):
+    """Issue 28 (1): no [gpu] benchmark starts on the CPU by default, and none writes a row."""
+    main = importlib.import_module(BENCHMARKS[bench].module).main
+    line = _refused(main, [], capsys)
+    assert "GPU" in line and "0 visible" in line or "CUDA GPU" in line, line
+    assert not cpu_only.exists()
+
+
+@pytest.mark.parametrize("bench", CPU_SMOKE)
+def test_a_cpu_smoke_run_of_a_gpu_benchmark_must_name_its_results_dir(bench, cpu_only, capsys, no_new_processes):
+    """--device cpu without --results-dir would add cpu.jsonl files beside the committed GPU rows."""
+    main = importlib.import_module(BENCHMARKS[bench].module).main
+    line = _refused(main, ["--device", "cpu"], capsys)
+    assert "--results-dir" in line
+    assert not cpu_only.exists()
+
+
+def test_the_gpu_benchmarks_without_a_cpu_run_refuse_device_cpu(cpu_only, capsys):
+    for bench in sorted(set(GPU_BENCHMARKS) - set(CPU_SMOKE)):
+        main = importlib.import_module(BENCHMARKS[bench].module).main
+        line = _refused(main, ["--device", "cpu", "--results-dir", str(cpu_only)], capsys)
+        assert "--device" in line, (bench, line)  # a CPU it refuses, or a flag it does not have
+    assert not cpu_only.exists()
+
+
+def test_allow_oom_runs_what_the_fit_check_refuses(tmp_path, no_new_processes):
+    """--allow-oom passes the fit check: the run gets as far as starting its ranks."""
+    from cs336_systems.distributed import ddp_bench
+
+    with pytest.raises(AssertionError, match="a process was started"):
+        ddp_bench.main(["--size", "8B", "--world-size", "1", "--batch-size", "1", "--allow-oom",
+                        "--results-dir", str(tmp_path)])
+
+
+def test_the_fit_check_uses_ram_per_rank_on_a_cpu_and_the_gpu_memory_with_cuda(monkeypatch):
+    from cs336_systems.bench import fit
+
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 2**20}  # 4 GiB of RAM
+    monkeypatch.setattr(fit.os, "sysconf", pages.__getitem__)
+    assert fit.capacity_bytes("cpu", 4) == (2**30, "1.0 GiB, this host's RAM / 4 rank(s)")
+
+    class Props:
+        total_memory = 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    assert fit.capacity_bytes("cuda", 2)[0] == 80 * 2**30  # a GPU per rank: not divided
+
+
+def _committed_rows(bench: str) -> list[dict]:
+    from cs336_systems.bench.store import COMMITTED_ROOT, read_rows, results_path
+
+    path = results_path(bench, "nvidia-h200", COMMITTED_ROOT)
+    return read_rows(path) if path.exists() else []
+
+
+def test_the_fit_check_refuses_no_cell_the_h200_measured_and_some_it_could_not():
+    """The lower bound is a lower bound: every committed `ok` cell of the model sweeps is below the
+    H200's memory (its capacity from the committed OOM rows' allocator message), and the fp32 train
+    step at context 2,048, which ran out of memory, is above it."""
+    from cs336_systems.bench.fit import step_memory
+    from cs336_systems.model import get_config
+
+    capacity = {r["capacity_mib"] for r in _committed_rows("memory/peaks") if r.get("capacity_mib")}
+    if not capacity:
+        pytest.skip("no committed OOM row with the allocator's capacity")
+    have = max(capacity) * 2**20
+    checked, refused = 0, []
+    for bench in ("memory/peaks", "end-to-end/timings", "profiling/kernel_cells", "memory/checkpointing"):
+        for r in _committed_rows(bench):
+            k = r.get("checkpoint_every") or 0
+            cfg = get_config(r["size"], r["context"])
+            need = step_memory(cfg, r["mode"], batch=r["batch"], context=r["context"], bf16=r["dtype"] == "bf16",
+                               checkpointed_blocks=cfg.num_layers - k if k else 0,
+                               attention=r.get("attention", "naive"))
+            if r["status"] == "ok":
+                checked += 1
+                assert need.lower_bound <= have, (bench, r["size"], r["context"], r["mode"], need.explain())
+            elif r["status"] == "oom" and need.lower_bound > have:
+                refused.append((bench, r["context"], r["mode"], r["dtype"]))
+    assert checked > 50
+    assert ("memory/peaks", 2048, "train", "fp32") in refused
+
+
+# -- (3) where the rows go is checked before the first cell -----------------------------------------
+
+def _ceilings_refuses(argv, capsys, monkeypatch) -> str:
+    from cs336_systems.bench import ceilings
+
+    monkeypatch.setattr(ceilings, "measure", lambda *a: pytest.fail("measured before checking the destination"))
+    return _refused(ceilings.main, ["--device", "cpu", "--size", "small", *argv], capsys)
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "/proc", "/sys"])
+def test_a_results_dir_that_cannot_take_the_rows_is_refused_naming_it(where, tmp_path, capsys, monkeypatch):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    root = {"a file": a_file, "under a file": a_file / "results", "/proc": Path("/proc/cs336-results"),
+            "/sys": Path("/sys/cs336-results")}[where]
+    line = _ceilings_refuses(["--results-dir", str(root)], capsys, monkeypatch)
+    assert str(a_file if where != "/proc" and where != "/sys" else where) in line, line
+    assert a_file.read_text() == "not a directory\n"
+
+
+def test_an_empty_results_dir_is_refused_not_taken_as_the_current_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "--results-dir" in _ceilings_refuses(["--results-dir", ""], capsys, monkeypatch)
+    assert not any(tmp_path.iterdir())
+    from cs336_systems.distributed import fsdp_bench  # a --results-dir without a type of its own
+
+    assert "--results-dir" in _refused(fsdp_bench.main, ["--results-dir", ""], capsys)
+
+
+CORRUPT = {  # results file content -> the line the refusal names
+    "invalid UTF-8": (b'{"schema": "cs336-results/1", "x": "\xff"}\n', 1),
+    "non-JSON torn tail": (b"xyz garbage", 1),
+    "garbage in the middle": (None, 2),
+    "row missing the key fields": (None, 1),
+}
+
+
+@pytest.mark.parametrize("case", [*CORRUPT, "a directory"])
+def test_a_corrupt_results_file_is_refused_before_the_first_cell_naming_file_and_line(case, tmp_path, capsys,
+                                                                                     monkeypatch):
+    from cs336_systems.bench import ceilings
+    from cs336_systems.bench.store import ResultStore, results_path
+
+    path = results_path(ceilings.BENCH, "cpu", tmp_path)
+    path.parent.mkdir(parents=True)
+    if case == "a directory":
+        path.mkdir()
+        where = str(path)
+    else:
+        content, line_no = CORRUPT[case]
+        if content is None:  # a good row first (and for the key case, one without the key fields)
+            good = ResultStore(ceilings.BENCH, ceilings.KEY, device="cpu", root=tmp_path / "good")
+            row = good.append({"op": "copy", "dtype": "fp32", "n": 1}, {"ms": 1.0})
+            if case == "row missing the key fields":
+                row.pop("op")
+                content = (json.dumps(row) + "\n").encode()
+            else:
+                content = (json.dumps(row) + "\nnot a row\n" + json.dumps(row) + "\n").encode()
+        path.write_bytes(content)
+        where = f"{path}:{line_no}"
+    before = path.read_bytes() if path.is_file() else None
+    line = _ceilings_refuses(["--results-dir", str(tmp_path)], capsys, monkeypatch)
+    assert where in line, line
+    assert (path.read_bytes() if path.is_file() else None) == before  # left as it was
+
+
+# -- (8) a second invocation measures again; --resume goes on with an interrupted one ---------------
+
+def _stub_bench(argv: list[str], measure) -> int:
+    """The smallest sweep CLI: four cells, --resume, the shared store and runner."""
+    from cs336_systems.bench.cli import Parser, add_resume, open_store, results_root
+    from cs336_systems.bench.sweep import exit_code, run_sweep
+
+    p = Parser(prog="stub")
+    p.add_argument("--results-dir", type=results_root, required=True)
+    add_resume(p)
+    args = p.parse_args(argv)
+    store = open_store(p, "stub/cells", ["n"], device="cpu", root=args.results_dir)
+    return exit_code(run_sweep(store, [{"n": n} for n in range(4)], measure), "stub")
+
+
+def test_a_second_invocation_over_committed_rows_measures_every_cell_again(tmp_path):
+    from cs336_systems.bench.store import ResultStore, read_rows
+
+    committed = ResultStore("stub/cells", ["n"], device="cpu", root=tmp_path)
+    for n in range(4):  # the committed rows: every cell done (rows from before run ids, too)
+        row = committed.append({"n": n}, {"v": -1})
+    path = committed.path
+    path.write_text(path.read_text().replace(f', "invocation": "{row["invocation"]}"', ""))
+    seen: list[int] = []
+    argv = ["--results-dir", str(tmp_path)]
+    assert _stub_bench(argv, lambda c: (seen.append(c["n"]), {"v": c["n"]})[1]) == 0
+    assert seen == [0, 1, 2, 3]
+    rows = read_rows(path)
+    assert [r["v"] for r in rows] == [-1] * 4 + [0, 1, 2, 3]
+    assert len({r.get("invocation") for r in rows[4:]}) == 1 and "invocation" not in rows[0]
+
+
+def test_an_interrupted_invocation_resumes_with_resume_and_only_then(tmp_path, capsys):
+    from cs336_systems.bench.store import read_rows
+
+    argv = ["--results-dir", str(tmp_path)]
+
+    def dies_at_two(cell):
+        if cell["n"] == 2:
+            raise KeyboardInterrupt
+        return {"v": cell["n"]}
+
+    with pytest.raises(KeyboardInterrupt):
+        _stub_bench(argv, dies_at_two)
+    path = tmp_path / "stub" / "cells" / "cpu.jsonl"
+    run = read_rows(path)[0]["invocation"]
+    seen: list[int] = []
+    assert _stub_bench([*argv, "--resume"], lambda c: (seen.append(c["n"]), {"v": c["n"]})[1]) == 0
+    assert seen == [2, 3]  # the newest run's unfinished cells only
+    assert "resuming run" in capsys.readouterr().err
+    assert [r["invocation"] for r in read_rows(path)] == [run] * 4
+    assert _stub_bench([*argv, "--resume", run], lambda c: pytest.fail("all done")) == 0  # by its id
+    seen.clear()
+    assert _stub_bench(argv, lambda c: (seen.append(c["n"]), {"v": c["n"]})[1]) == 0 and seen == [0, 1, 2, 3]
+
+
+def test_ctrl_c_says_in_one_line_what_was_written_and_how_to_go_on(tmp_path, monkeypatch, capsys):
+    """bench/__main__.py: a KeyboardInterrupt out of a benchmark is one line, exit 130."""
+    from cs336_systems.bench import __main__ as bench_main
+    from cs336_systems.bench import ceilings
+
+    calls = []
+
+    def interrupted_at_the_third(cell, device):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(cell)
+        return {"ms": 1.0}
+
+    monkeypatch.setattr(ceilings, "measure", interrupted_at_the_third)
+    code = bench_main.main(["ceilings", "--device", "cpu", "--size", "small", "--results-dir", str(tmp_path)])
+    assert code == 130
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    last = lines[-1]
+    assert last.startswith("bench ceilings: interrupted (Ctrl-C); wrote 2 row(s) in ") and "--resume " in last
+    assert not any("Traceback" in line for line in lines)
+    run = last.split("--resume ")[1].split()[0]
+    monkeypatch.setattr(ceilings, "measure", lambda cell, device: {"ms": 2.0})
+    assert bench_main.main(["ceilings", "--device", "cpu", "--size", "small", "--results-dir", str(tmp_path),
+                            "--resume", run]) == 0
+    from cs336_systems.bench.store import read_rows
+
+    rows = read_rows(tmp_path / "ceilings" / "cpu.jsonl")
+    assert [r["ms"] for r in rows] == [1.0, 1.0] + [2.0] * (len(rows) - 2) and {r["invocation"] for r in rows} == {run}
+
+
+def test_bench_all_prints_rough_times_from_committed_rows_then_progress(tmp_path, monkeypatch, capsys):
+    from cs336_systems.bench import bench_all
+    from cs336_systems.bench.store import ResultStore
+
+    # a file whose rows are 60 s apart: every cell counts the minute since the row before it,
+    # the first the median; a cell measured twice counts once (its newest row)
+    store = ResultStore("ceilings", ["op", "dtype", "n"], device="nvidia-h200", root=tmp_path)
+    rows = [store.append({"op": "copy", "dtype": "fp32", "n": n}, {"ms": 1.0}) for n in (1, 2, 3, 3)]
+    lines = [json.dumps({**r, "time_utc": f"2026-01-01T00:0{i}:00Z"}) for i, r in enumerate(rows)]
+    store.path.write_text("\n".join(lines) + "\n")
+    assert bench_all.estimate(BENCHMARKS["ceilings"], tmp_path) == (180.0, 3)
+    bench_all.print_plan([], root=tmp_path)
+    out = capsys.readouterr().out
+    assert "ceilings" in out and "~  3 min  (3 cells)" in out and "memory" in out and "(no committed rows)" in out
+
+    ran = []
+    monkeypatch.setattr(bench_all.subprocess, "run",
+                        lambda cmd: (ran.append(cmd[3:]), type("Done", (), {"returncode": 1 if cmd[3] == "memory" else 0}))[1])
+    assert bench_all.run_all(["--budget-s", "60"], root=tmp_path) == 1
+    out = capsys.readouterr().out
+    names = [n for n, b in BENCHMARKS.items() if b.gpu]
+    assert [c[0] for c in ran] == names
+    assert ran[names.index("memory")] == ["memory", "--allow-oom", "--budget-s", "60"]
+    assert f"== [1/{len(names)}] ceilings (about 3 min;" in out and "!! exit 1" in out
+    assert f"{len(names) - 1} of {len(names)} benchmarks exited 0; not: memory (1)" in out
+
+
+def test_every_timed_results_file_names_key_fields_its_committed_rows_have():
+    """bench-all's estimate reads the registry's files by their cell keys: a committed row without
+    them would make every cell look the same."""
+    from cs336_systems.bench.store import COMMITTED_ROOT, check_results_file, results_path
+
+    for name, b in BENCHMARKS.items():
+        for bench, key in b.timed:
+            path = results_path(bench, "nvidia-h200", COMMITTED_ROOT)
+            if path.exists():
+                check_results_file(path, key)  # raises, naming file and line

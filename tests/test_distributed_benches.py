@@ -26,8 +26,10 @@ def test_collectives_rows_and_resume(tmp_path):
     for r in rows:
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # 2 ranks: 2(n-1)/n = 1
         assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_ms"] / 1e6)
-    assert collectives_bench.main(argv) == 0  # resumes: nothing new measured
+    assert collectives_bench.main([*argv, "--resume"]) == 0  # that run is complete: nothing new
     assert len(_rows(tmp_path / "collectives/all_reduce/cpu.jsonl")) == len(rows)
+    assert collectives_bench.main(argv) == 0  # a new run measures every cell again
+    assert len(_rows(tmp_path / "collectives/all_reduce/cpu.jsonl")) == 2 * len(rows)
 
 
 def test_collectives_cells_the_host_cannot_hold_leave_no_row(tmp_path, monkeypatch, capsys):

@@ -260,13 +260,15 @@ def test_sweep_flow_on_the_interpreter(tmp_path, monkeypatch):
                for m in ("fwd", "bwd", "fwd_bwd"))
     assert status[("pytorch", 32, "bwd")] == "ok" and status[("pytorch", 48, "fwd")] == "unsupported"
     assert status[("sdpa", 32, "fwd")] == "unsupported"  # no fp32 kernels
-    flash_sweep.run(args)  # resumes: nothing left to do
-    assert len(store.rows()) == len(rows)
-    args.impls, args.remeasure = ["triton", "sdpa"], True  # after a kernel change: ours again, skips stay
-    flash_sweep.run(args)
+    first = rows[0]["invocation"]
+    flash_sweep.run(args, ResultStore(flash_sweep.BENCH, flash_sweep.KEY, root=tmp_path, invocation=first))
+    assert len(store.rows()) == len(rows)  # --resume of a finished run: nothing left to do
+    args.impls = ["triton", "sdpa"]  # after a kernel change: ours measured again, the skips stay
+    flash_sweep.run(args)  # a new run
     again = store.rows()[len(rows):]
     assert sorted((r["impl"], r["seq"], r["mode"]) for r in again) == sorted(
         ("triton", n, m) for n in (32, 48) for m in ("fwd", "bwd", "fwd_bwd"))
+    assert {r["invocation"] for r in again} != {first}
     newest = pd.DataFrame(store.rows()).drop_duplicates(["impl", "dtype", "d", "seq", "mode"], keep="last")
     assert len(newest) == len(rows) and set(newest[newest.impl == "triton"].ms) == {r["ms"] for r in again}
     ok = [r for r in rows if r["status"] == "ok"]

@@ -44,8 +44,8 @@ def test_every_variant_writes_a_row_and_fsdp_a_trace(tmp_path):
     with gzip.open(traces / "fsdp_fsdp.json.gz", "rt") as f:
         names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
     assert "fsdp:all_gather:layers.0.ffn.w1" in names and "fsdp:reduce_scatter:lm_head.weight" in names
-    assert fsdp_bench.main(argv) == 0  # resumes: every variant is stored, nothing runs again
-    assert len(_rows(tmp_path / "fsdp/steps/cpu.jsonl")) == len(rows)
+    assert fsdp_bench.main(argv) == 0  # a new run measures every variant again (readers keep the newest)
+    assert len(_rows(tmp_path / "fsdp/steps/cpu.jsonl")) == 2 * len(rows)
 
 
 def test_ranks_sharing_a_device_record_no_step_times_and_keep_their_own_rows(tmp_path):

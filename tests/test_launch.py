@@ -181,3 +181,118 @@ def test_the_next_spawn_removes_directories_of_dead_parents(tmp_path):
     assert remove_stale_spawn_dirs(tmp_path) == [stale]
     assert not stale.exists() and live.exists()
 
+
+# -- issue 28 (6): no leftovers after a SIGKILL during start-up, none after a failure, Ctrl-C quiet --
+
+def _start_slowly(worker: Worker, marker_dir: str) -> None:
+    (Path(marker_dir) / f"rank{worker.rank}.pid").write_text(str(os.getpid()))
+    try:
+        time.sleep(20)  # a long start-up: an import of Triton, say
+    except KeyboardInterrupt:
+        os.abort()  # what a C++ extension's initialiser does when Python raises inside it
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of `pid` (Linux: /proc/<pid>/task/*/children)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _kill_parent_during_start_up(tmp_path: Path, delay_s: float, in_fn: bool) -> tuple[Path, list[int]]:
+    """Start a parent that spawns a _start_slowly rank and SIGKILL it `delay_s` after it starts
+    spawning (`in_fn` False: while its rank imports torch or connects) or after the rank began its
+    function (True: in its slow start-up); return its TMPDIR and its children's pids (the rank,
+    and multiprocessing's resource tracker)."""
+    markers, tmp = tmp_path / "markers", tmp_path / "tmp"
+    markers.mkdir(parents=True)
+    tmp.mkdir()
+    code = ("import sys\nfrom cs336_systems.distributed.launch import spawn\n"
+            "from tests.test_launch import _start_slowly\n"
+            f"print('spawning', flush=True)\nspawn(_start_slowly, 1, {str(markers)!r}, timeout_s=60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                              env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    ranks: list[int] = []
+    try:
+        assert parent.stdout.readline().strip() == "spawning"
+        if in_fn:
+            assert _poll(lambda: list(markers.glob("*.pid")), 120), "the rank never started"
+        deadline = time.monotonic() + delay_s
+        while time.monotonic() < deadline:
+            ranks = sorted(set(ranks) | set(_children(parent.pid)))
+            time.sleep(0.02)
+        ranks = sorted(set(ranks) | set(_children(parent.pid)))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    finally:
+        parent.kill()
+    return tmp, ranks
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads process trees from /proc (Linux)")
+def test_no_spawn_directory_or_error_file_is_left_after_a_sigkill_during_start_up(tmp_path):
+    """Ten parents killed at ten moments of their rank's start-up (in parallel: each try waits
+    mostly for imports): five while the rank imports torch and connects, five while it is in a
+    slow start-up of its own that stands for an extension's import which aborts the process when
+    Python raises inside it (torch's parent-death SIGINT did that to a rank importing Triton). A
+    rank killed while it still imports torch notices once that is done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    moments = [(0.4 * i, False) for i in range(5)] + [(0.2 * i, True) for i in range(5)]
+    with ThreadPoolExecutor(len(moments)) as pool:
+        runs = list(pool.map(lambda i: _kill_parent_during_start_up(tmp_path / f"try{i}", *moments[i]),
+                             range(len(moments))))
+    try:
+        for (tmp, ranks), moment in zip(runs, moments):
+            assert _poll(lambda: not any(_running(p) for p in ranks), 90), f"ranks outlived the parent {moment}"
+            assert _poll(lambda tmp=tmp: not list(tmp.iterdir()), 10), f"left behind {moment}: {list(tmp.iterdir())}"
+    finally:
+        for _, ranks in runs:
+            for p in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+
+
+def test_a_failed_rank_leaves_no_pytorch_error_file(tmp_path, monkeypatch):
+    """torch's spawn pickles a raising rank's traceback into /tmp/pytorch-errorfile-*.pickle and
+    never removes it; ours leaves none (and still reports the rank's traceback)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RankFailed, match="rank one refuses"):
+        spawn(_rank1_raises, 2, timeout_s=30)
+    assert not list(tmp_path.glob("pytorch-errorfile-*")) and not list(tmp_path.glob("cs336-spawn-*"))
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="sends SIGINT to a process group (POSIX)")
+def test_ctrl_c_ends_a_benchmark_with_one_line_and_no_traceback(tmp_path):
+    """The terminal sends SIGINT to the whole process group: the parent and its ranks."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cmd = [sys.executable, "-m", "cs336_systems.bench", "collectives", "--world-sizes", "2", "--sizes-mb", "1",
+           "--warmup", "0", "--iters", "1000000", "--results-dir", str(tmp_path / "results")]
+    # SIGINT's default action restored: a shell's background job (pytest run with &) ignores it, and
+    # the bench would inherit that.
+    bench = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+                             env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert _poll(lambda: len(_children(bench.pid)) >= 2 and list(tmp.glob("cs336-spawn-*")), 120), \
+            "the ranks never started"
+        ranks = _children(bench.pid)
+        time.sleep(3)  # the ranks are in their all-reduce loop
+        os.killpg(bench.pid, signal.SIGINT)
+        _, err = bench.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bench.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.strip() and "\r" not in line]
+    assert bench.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert lines[-1].startswith("bench collectives: interrupted (Ctrl-C); no row written"), err
+    assert _poll(lambda: not any(_running(p) for p in ranks), 10)
+    assert not list(tmp.iterdir())

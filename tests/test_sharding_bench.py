@@ -31,8 +31,8 @@ def test_bench_writes_memory_and_time_rows(tmp_path):
     assert {r["op"] for r in comm} == {"all_reduce", "reduce_scatter", "all_gather",
                                        "broadcast_per_parameter"}
     assert all(r["ms"] > 0 and r["bytes"] == 4 * n_params for r in comm)
-    # a second run finds every cell done and measures nothing
-    assert sb.main(argv) == 0
+    # the same run resumed finds every cell done and measures nothing
+    assert sb.main([*argv, "--resume"]) == 0
     assert len(ResultStore(sb.TIME_BENCH, sb.CELL_KEY, device="cpu", root=tmp_path).rows()) == 2
     assert len(ResultStore(sb.COMM_BENCH, sb.COMM_KEY, device="cpu", root=tmp_path).rows()) == 4
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,10 +57,25 @@ def test_sweep_resumes_without_repeating_finished_cells(tmp_path):
     assert calls == [0, 1, 2]
 
     calls.clear()
-    fresh = ResultStore("demo/sweep", key=["n"], root=tmp_path, device="cpu")  # a new process
-    run_sweep(fresh, cells, lambda c: (calls.append(c["n"]), {"sq": c["n"] ** 2})[1])
+    # a new process resuming the interrupted run (the CLIs' --resume RUN)
+    resumed = ResultStore("demo/sweep", key=["n"], root=tmp_path, device="cpu", invocation=store.invocation)
+    run_sweep(resumed, cells, lambda c: (calls.append(c["n"]), {"sq": c["n"] ** 2})[1])
     assert calls == [3, 4]
-    assert sorted(r["n"] for r in fresh.rows()) == [0, 1, 2, 3, 4]
+    assert sorted(r["n"] for r in resumed.rows()) == [0, 1, 2, 3, 4]
+    assert {r["invocation"] for r in resumed.rows()} == {store.invocation}  # one run, resumed
+
+
+def test_a_new_invocation_measures_every_cell_again(tmp_path):
+    """Stored rows (the committed ones, say) are the reference, not a resume point."""
+    cells = [{"n": n} for n in range(3)]
+    first = ResultStore("demo/again", key=["n"], root=tmp_path, device="cpu")
+    run_sweep(first, cells, lambda c: {"sq": c["n"] ** 2})
+    calls: list[int] = []
+    second = ResultStore("demo/again", key=["n"], root=tmp_path, device="cpu")  # a new invocation
+    run_sweep(second, cells, lambda c: (calls.append(c["n"]), {"sq": c["n"] ** 2})[1])
+    assert calls == [0, 1, 2] and second.invocation != first.invocation
+    assert [r["invocation"] for r in second.rows()] == [first.invocation] * 3 + [second.invocation] * 3
+    assert all(r["cell_wall_s"] >= 0 for r in second.rows())
 
 
 def test_oom_is_a_result_and_errors_are_retried(tmp_path):
@@ -154,7 +171,7 @@ def test_an_old_glued_line_in_the_middle_is_skipped_with_a_warning(tmp_path):
     glued = '{"schema": "cs336-res' + json.dumps({**first, "n": 2})
     with open(store.path, "a") as f:
         f.write(glued + "\n" + json.dumps({**first, "n": 3}) + "\n")
-    with pytest.warns(SkippedLineWarning, match=rf"{store.path}:2: skipped line: not JSON"):
+    with pytest.warns(SkippedLineWarning, match=rf"{store.path}:2: skipped line: a torn row"):
         assert [r["n"] for r in _store(tmp_path).rows()] == [1, 3]
 
 
@@ -281,3 +298,105 @@ def test_refuses_a_file_that_is_not_ours(tmp_path):
 def test_bench_names_must_be_relative(bench, tmp_path):
     with pytest.raises(ValueError, match="bench"):
         results_path(bench, "cpu", tmp_path)
+
+
+# -- issue 28: a writer checks the file before the first cell; the site build shows skipped lines --
+
+def test_a_writer_refuses_what_a_reader_would_skip_naming_file_and_line(tmp_path):
+    from cs336_systems.bench.store import check_results_file
+
+    path = tmp_path / "x.jsonl"
+    good = json.dumps({"schema": SCHEMA, "n": 1, "status": "ok"})
+    cases = {  # content -> what the refusal says
+        f"{good}\nxyz garbage\n{good}\n".encode(): f"{path}:2: not JSON",
+        f"{good}\n".encode() + b'{"schema": "\xfe"}\n': f"{path}:2: not UTF-8",
+        f"{good}\nxyz garbage".encode(): f"{path}:2: not JSON",  # a torn tail that is no row
+        json.dumps({"schema": SCHEMA, "m": 1}).encode() + b"\n": f"{path}:1: row lacks key field(s) n",
+    }
+    for content, says in cases.items():
+        path.write_bytes(content)
+        with pytest.raises(NotOurResultsFile, match=re.escape(says)):
+            check_results_file(path, ["n"])
+    path.write_bytes(f'{good}\n{{"schema": "cs3'.encode())  # a killed writer's tail: repaired, not refused
+    with pytest.warns(SkippedLineWarning, match=rf"{path}:2: skipped torn last line"):
+        assert len(check_results_file(path, ["n"])) == 1
+
+
+def test_a_reader_skips_a_line_that_is_not_utf8_with_a_warning_instead_of_failing(tmp_path):
+    path = tmp_path / "x.jsonl"
+    good = json.dumps({"schema": SCHEMA, "n": 1})
+    path.write_bytes(f"{good}\n".encode() + b"\xff\xfe\n" + f"{good}\n".encode())
+    with pytest.warns(SkippedLineWarning, match=rf"{path}:2: skipped line: not UTF-8"):
+        assert len(store_module.read_rows(path)) == 2
+
+
+def test_a_destination_that_cannot_hold_the_file_is_refused(tmp_path):
+    from cs336_systems.bench.store import BadDestination, check_destination
+
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    for bad in (a_file / "sub" / "x.jsonl", Path("/proc/cs336/x.jsonl"), Path("/sys/cs336/x.jsonl")):
+        with pytest.raises(BadDestination):
+            check_destination(bad)
+    (tmp_path / "d.jsonl").mkdir()
+    with pytest.raises(BadDestination, match="not a regular file"):
+        check_destination(tmp_path / "d.jsonl")
+    check_destination(tmp_path / "new" / "deeper" / "x.jsonl")  # creatable: fine
+    assert not (tmp_path / "new").exists()  # and the check creates nothing
+
+
+def test_skipped_lines_become_log_warnings_once_each(tmp_path):
+    import logging
+
+    from cs336_systems.bench.store import log_skipped_lines
+
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps({"schema": SCHEMA, "n": 1}) + "\ngarbage\n")
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("test.skipped_lines")
+    logger.addHandler(Keep())
+    saved = warnings.showwarning
+    try:
+        with warnings.catch_warnings():
+            log_skipped_lines(logger)
+            for _ in range(3):  # the report layer reads a file many times
+                store_module.read_rows(path)
+    finally:
+        warnings.showwarning = saved
+    assert records == [f"results file: {path}:2: skipped line: not JSON"]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_site_build_names_every_skipped_line_of_a_results_file_and_fails_strict(tmp_path):
+    """Issue 28 (5): a corrupted results file read by a page shows each skipped line with its
+    file and line in `mkdocs build`, and `--strict` fails on it."""
+    results = tmp_path / "results"
+    path = results / "demo" / "site" / "nvidia-h200.jsonl"
+    path.parent.mkdir(parents=True)
+    good = json.dumps({"schema": SCHEMA, "n": 1, "status": "ok"})
+    path.write_bytes(f"{good}\nxyz garbage\n".encode() + b'{"schema": "\xff"}\n' + f'{good}\n{{"sche'.encode())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# rows\n")
+    reader = tmp_path / "reads_results.py"  # a page's table: the report layer reads the file
+    reader.write_text("from report.results import load_results\n\n"
+                      "def on_page_markdown(markdown, page, config, files):\n"
+                      f"    return markdown + str(len(load_results('demo/site', root={str(results)!r})))\n")
+    (tmp_path / "mkdocs.yml").write_text(
+        f"site_name: probe\ntheme: {{name: mkdocs}}\n"
+        f"hooks: [{REPO / 'docs' / 'hooks' / 'markers.py'}, {reader}]\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for strict in (True, False):
+        proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", *(["--strict"] if strict else [])],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        log = proc.stderr + proc.stdout
+        assert (proc.returncode != 0) == strict, log
+        for line, why in ((2, "line: not JSON"), (3, "line: not UTF-8"), (5, "torn last line")):
+            assert f"WARNING -  results file: {path}:{line}: skipped {why}" in log, log

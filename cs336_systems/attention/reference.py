@@ -2,8 +2,12 @@
 
 This is the definition every FlashAttention implementation is checked against (tests run it in
 float64 on the CPU) and the "naive" baseline the benchmarks time (in the input dtype).
-Causal masking follows the course: add -1e6 to the score where key index > query index (top-left
-aligned, so with n_queries != n_keys query i still sees keys 0..i).
+Causal masking is outright: a score whose key index exceeds its query index becomes -inf (top-left
+aligned, so with n_queries != n_keys query i still sees keys 0..i, key 0 always: no row is all
+-inf). The course's reference adds -1e6 instead, the same numbers while scores stay far below 1e6
+(exp(s - 1e6 - L) is exactly 0 in fp32 and fp64); once they reach about 1e6 (q and k scaled by
+1,000 at d = 32, say) the added -1e6 no longer hides the future keys, and an outright mask still
+does. Both pass the course's tests, which stay far below that.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ import math
 import torch
 from torch import Tensor
 
-MASK_VALUE = -1e6  # added to masked scores; exp(S - 1e6 - L) is exactly 0 in fp32 and fp64
+MASK_VALUE = float("-inf")  # a masked score: exp(-inf - L) is exactly 0 whatever the scores' size
+COURSE_MASK_VALUE = -1e6  # what the course's reference adds instead (for comparison only)
 
 
 def causal_bias(n_queries: int, n_keys: int, *, dtype: torch.dtype, device: torch.device | str,
                 q_start: int = 0, k_start: int = 0) -> Tensor:
     """(n_queries, n_keys) block of the causal bias whose first query/key indices are q_start,
-    k_start: 0 where key <= query, -1e6 where key > query."""
+    k_start: 0 where key <= query, -inf where key > query (added to a finite score: -inf)."""
     q_idx = torch.arange(q_start, q_start + n_queries, device=device)[:, None]
     k_idx = torch.arange(k_start, k_start + n_keys, device=device)[None, :]
     return torch.where(k_idx > q_idx, MASK_VALUE, 0.0).to(dtype)

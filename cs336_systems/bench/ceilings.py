@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .cli import Parser, open_store
+from .cli import Parser, add_resume, open_store, require_gpu, results_root
 from .sweep import run_sweep
 from .timing import gpu_bench, time_steps
 
@@ -77,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="bench ceilings", description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full",
                         help="full: 8192^3 matmuls and a 4 GiB copy (GPU); small: a quick check")
-    parser.add_argument("--device", choices=["cuda", "cpu"],
-                        default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--results-dir", default=None, help="results root (default: the repo's results/)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda (a GPU benchmark), or cpu with --size small --results-dir: its CPU smoke run")
+    parser.add_argument("--results-dir", type=results_root, default=None,
+                        help="results root (default: the repo's results/)")
+    add_resume(parser)
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA GPU is visible on this machine")
+    require_gpu(parser, args.device, args.results_dir)
     if args.device == "cpu" and args.size == "full":
         parser.error("--size full is the GPU measurement; on a CPU use --size small")
     device = torch.device(args.device)

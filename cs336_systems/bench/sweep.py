@@ -1,13 +1,18 @@
 """Run a grid of benchmark cells into a ResultStore: resumable, OOM-tolerant, with progress.
 
+Every cell is measured, unless the store resumes an interrupted invocation (`--resume`): then the
+cells that invocation finished are skipped. Each row records `cell_wall_s`, the cell's wall time
+(set-up included), from which `just bench-all` estimates how long the next run takes.
+
 Exit codes of the sweeps: 0 every cell done, 1 some cell ended in "error" (so `just bench-all`
-reports the failure), 3 stopped early by a time budget (re-run to resume).
+reports the failure), 3 stopped early by a time budget (re-run with `--resume RUN` to go on).
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -55,7 +60,8 @@ def free_memory() -> None:
 def run_sweep(store: ResultStore, cells: Iterable[Cell], measure: Callable[[Cell], Mapping[str, Any]],
               *, desc: str | None = None, fail_fast: bool = False,
               written: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Measure every cell not already in `store`, appending one row per cell as it finishes.
+    """Measure every cell that `store`'s invocation has not finished (all of them, unless it resumes
+    an interrupted run), appending one row per cell as it finishes.
 
     `measure(cell)` returns the metrics dict. An OOM becomes a row with status "oom" (a result,
     not a crash), with the allocator's numbers and any `oom_context` dict the exception carries; any other exception becomes status "error" with its message, and the sweep goes on
@@ -67,15 +73,16 @@ def run_sweep(store: ResultStore, cells: Iterable[Cell], measure: Callable[[Cell
     cells = list(cells)
     todo = [c for c in cells if not store.has(c)]
     if len(todo) < len(cells):
-        print(f"[{store.bench}] {len(cells) - len(todo)} of {len(cells)} cells already in "
-              f"{store.path}; measuring the other {len(todo)}", file=sys.stderr)
+        print(f"[{store.bench}] resuming run {store.invocation}: {len(cells) - len(todo)} of "
+              f"{len(cells)} cells done in {store.path}; measuring the other {len(todo)}", file=sys.stderr)
     written = [] if written is None else written
     bar = tqdm(todo, desc=desc or store.bench, unit="cell", file=sys.stderr, dynamic_ncols=True)
     for cell in bar:
         bar.set_postfix_str(", ".join(f"{k}={cell[k]}" for k in store.key), refresh=False)
+        start = time.monotonic()
         try:
             metrics = measure(cell)
-            written.append(store.append(cell, metrics))
+            written.append(store.append(cell, {**metrics, "cell_wall_s": time.monotonic() - start}))
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cs336_systems.bench.cli import Parser, at_least, open_store, positive
+from cs336_systems.bench.cli import Parser, add_resume, at_least, open_store, refuse_duplicates, results_root, timeout_s
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.sweep import EXIT_INCOMPLETE, exit_code, run_sweep, worst
 from cs336_systems.bench.timing import synchronize
@@ -165,20 +165,24 @@ def build_parser() -> Parser:
                         "per rank (default: gloo)")
     p.add_argument("--world-sizes", nargs="+", type=at_least(2), default=WORLD_SIZES,
                    help="ranks per cell, each >= 2 (default: 2 4 6)")
-    p.add_argument("--sizes-mb", nargs="+", type=positive(float), default=[LATENCY_PROBE_MB, *SIZES_MB],
-                   help="MiB per tensor (default: a 4 KB latency probe, then 1, 10, 100, 1024)")
+    p.add_argument("--sizes-mb", nargs="+", type=at_least(4 / MIB, float, why=" MiB, one fp32 element"),
+                   default=[LATENCY_PROBE_MB, *SIZES_MB],
+                   help="MiB per tensor, at least one fp32 element (default: a 4 KB latency probe, then 1, "
+                        "10, 100, 1024)")
     p.add_argument("--warmup", type=at_least(0), default=5)
     p.add_argument("--iters", type=at_least(1), default=None,
                    help="timed iterations per cell (default: 50 below 1 MB, 20 to 10 MB, 10 to "
                         "100 MB, 5 above)")
-    p.add_argument("--timeout-s", type=positive(float), default=300.0, help="collective timeout per cell")
-    p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    p.add_argument("--timeout-s", type=timeout_s, default=300.0, help="collective timeout per cell")
+    p.add_argument("--results-dir", type=results_root, default=None, help="root of the results tree (default: results/)")
+    add_resume(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    refuse_duplicates(parser, args, "backend", "world_sizes", "sizes_mb")
     if in_torchrun() and len(args.backend) != 1:
         parser.error("--backend: under torchrun pass exactly one")
     # Ranks on this host: torchrun's local ones, or every rank we spawn.

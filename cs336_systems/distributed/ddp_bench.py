@@ -34,7 +34,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import (
+    Parser,
+    at_least,
+    check_cuda,
+    given,
+    open_store,
+    positive,
+    refuse_duplicates,
+    results_root,
+    timeout_s,
+)
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.distributed import step_trace
 from cs336_systems.distributed.ddp import STAGES
@@ -275,8 +286,9 @@ def build_parser() -> Parser:
                    help="passes over the grid, round-robin, against load drift (default: 4 on "
                         "cpu; 1 on cuda, so each row is written as soon as it is measured)")
     p.add_argument("--no-trace", dest="trace", action="store_false", help="skip the profiled step")
-    p.add_argument("--timeout-s", type=positive(float), default=600.0)
-    p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    p.add_argument("--timeout-s", type=timeout_s, default=600.0)
+    p.add_argument("--results-dir", type=results_root, default=None, help="root of the results tree (default: results/)")
+    fit.add_allow_oom(p)
     return p
 
 
@@ -285,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.backend == "nccl" and args.device != "cuda":
         parser.error("--backend nccl needs --device cuda")
+    refuse_duplicates(parser, args, "stages", "bucket_sizes_mb")
+    if given(parser, "bucket_sizes_mb") and "bucketed" not in args.stages:
+        parser.error("--bucket-sizes-mb sets the bucketed stage's caps; --stages leaves it out")
     if args.batch_size is None:
         args.batch_size = CPU_BATCH if args.size == "ddp-cpu" else GPU_BATCH
     if args.rounds is None:
@@ -295,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"(a multiple of --world-size)")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if in_torchrun() else world
     check_cuda(parser, args.device, gpus=local)
+    cfg = model_config(args.size, args.context_length)
+    have, where = fit.capacity_bytes(args.device, local)
+    need = fit.step_memory(cfg, "train", batch=args.batch_size // world, context=cfg.context_length)
+    fit.refuse_unless_fits(parser, args, need, have, where,
+                           f"--size {args.size} --batch-size {args.batch_size} over --world-size {world} "
+                           f"--context-length {cfg.context_length}")
     grid = stage_grid([int(b) if b == int(b) else b for b in args.bucket_sizes_mb], args.stages)
     # Rank 0 opens them again (the same paths); here they are checked before any process starts.
     open_store(parser, BENCH, KEY, root=args.results_dir)

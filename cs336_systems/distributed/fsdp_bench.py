@@ -53,7 +53,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import (
+    Parser,
+    at_least,
+    check_cuda,
+    given,
+    open_store,
+    positive,
+    refuse_duplicates,
+    timeout_s,
+)
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.distributed import step_trace
@@ -363,6 +373,31 @@ def spawn_each(args: argparse.Namespace, backend: str, world: int) -> None:
         write(stores, {**base, "variant": variant}, cfg, args, world, got, error)
 
 
+def check_args(parser: Parser, args: argparse.Namespace, world: int, local: int) -> None:
+    """Flags that would do nothing in this combination, duplicates, and the fit check: each a
+    one-line error before any rank starts."""
+    refuse_duplicates(parser, args, "variants", "trace_variants")
+    if given(parser, "trace_variants"):
+        if args.trace_dir is None:
+            parser.error("--trace-variants picks the variants --trace-dir profiles; give --trace-dir")
+        if missing := [v for v in args.trace_variants if v not in args.variants]:
+            parser.error(f"--trace-variants {' '.join(missing)}: not among --variants {' '.join(args.variants)}")
+    # The least memory any chosen variant holds per rank (bench.fit): FSDP shards everything, the
+    # sharded optimizer and ZeRO-1 the AdamW moments, DDP nothing.
+    cfg = get_config(args.size, args.context_length)
+    per_variant = [fit.step_memory(cfg, "train", batch=args.batch_size // world, context=cfg.context_length,
+                                   world_size=world, shard_weights=v.startswith("fsdp"),
+                                   optimizer_shards=world if v in ("sharded", "zero1") else 1,
+                                   bf16=v.endswith("bf16"))
+                   for v in args.variants]
+    have, where = fit.capacity_bytes(args.device, local)
+    if args.device == "cuda" and args.ranks_per_gpu > 1:  # each rank's allocator is capped at 1/k of its GPU
+        have, where = have / args.ranks_per_gpu, f"{where} / {args.ranks_per_gpu} ranks sharing it"
+    fit.refuse_unless_fits(parser, args, min(per_variant, key=lambda m: m.lower_bound), have, where,
+                           f"--size {args.size} --batch-size {args.batch_size} over {world} ranks "
+                           f"--context-length {cfg.context_length}")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="fsdp", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -388,8 +423,9 @@ def build_parser() -> Parser:
     p.add_argument("--trace-variants", nargs="+", default=["fsdp", "fsdp-bf16"], choices=VARIANTS)
     p.add_argument("--no-memory-timeline", dest="memory_timeline", action="store_false",
                    help="skip the extra step of our FSDP with the CUDA allocator's history recorded")
-    p.add_argument("--timeout-s", type=positive(float), default=900.0)
+    p.add_argument("--timeout-s", type=timeout_s, default=900.0)
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    fit.add_allow_oom(p)
     return p
 
 
@@ -423,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                      "(drop --trace-dir or --ranks-per-gpu)")
     if args.trace_dir is not None and Path(args.trace_dir).exists() and not Path(args.trace_dir).is_dir():
         parser.error(f"--trace-dir {args.trace_dir} exists and is not a directory")
+    check_args(parser, args, world, local)
     device = "cpu" if args.device == "cpu" else None  # the paths the stores open, checked first
     open_store(parser, BENCH, KEY, device=device, root=args.results_dir)
     open_store(parser, TRACE_BENCH, KEY, device=device, root=args.results_dir)

@@ -18,6 +18,14 @@ What the wrapper guarantees, so no caller has to think about it:
   watches its parent and, once it is gone, removes the run's temporary directory and exits within
   a second, instead of waiting out the store and collective timeouts. A directory left anyway
   (every process SIGKILLed at once) is removed by the next `spawn`: its name holds the parent's pid.
+- Ranks never raise KeyboardInterrupt: they start with SIGINT blocked (so neither a Ctrl-C nor
+  torch's parent-death SIGINT can land in the middle of an import, where an exception may abort
+  the process before it cleans up), then take it in a handler that exits at once (after removing
+  the run's directory if the parent is gone), with no traceback. A Ctrl-C thus stops the parent
+  with one KeyboardInterrupt, which terminates the ranks.
+- A failed rank leaves no `/tmp/pytorch-errorfile-*.pickle` (torch's spawn writes one per raising
+  process and never removes it): the rank exits after writing its traceback into the run's
+  directory, and the parent removes any such file its ranks left.
 - `destroy_process_group` runs when the function returns.
 
 Ranks sharing a GPU (`ranks_per_gpu=k`, gloo only: NCCL refuses two ranks on one device): local
@@ -29,6 +37,7 @@ copies every collective through the host).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import os
@@ -49,6 +58,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 DEFAULT_TIMEOUT_S = 120.0
+EXIT_INTERRUPTED = 130  # a rank stopped by SIGINT, as a shell reports it
 # The parent's store is listening before any rank starts, so a rank that cannot connect within
 # this long never will (its parent is gone); the store's own timeout then applies to its waits.
 CONNECT_TIMEOUT_S = 30.0
@@ -196,12 +206,43 @@ def _watch_parent(parent_pid: int, out_dir: str) -> None:
         _leave_if_orphaned(parent_pid, out_dir)
 
 
+def _stop_on_sigint(parent_pid: int, out_dir: str) -> None:
+    """The rank's SIGINT handler, then SIGINT unblocked (spawn started the rank with it blocked):
+    a SIGINT (torch's parent-death signal, or a Ctrl-C) makes the rank leave at once, from the
+    handler, raising nothing into whatever code it interrupted."""
+    def on_sigint(signum, frame):  # noqa: ARG001 (signal API)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the death signal can come twice
+        # The death signal can come before the re-parenting shows: look for a moment.
+        _leave_if_orphaned(parent_pid, out_dir, grace_s=2.0)
+        os._exit(EXIT_INTERRUPTED)  # a Ctrl-C: the parent, interrupted too, terminates the others
+
+    signal.signal(signal.SIGINT, on_sigint)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread while ranks start: a blocked signal stays blocked across
+    fork and exec, so each rank's start-up (imports of torch, Triton) runs without it until the
+    rank installs its own handler. A Ctrl-C meanwhile waits and arrives here when unblocked."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: str,
                  device_type: str, port: int,
                  timeout_s: float, threads_per_rank: int | None, out_dir: str, parent_pid: int,
                  args: tuple, kwargs: dict, ranks_per_gpu: int = 1) -> None:
     """Body of each spawned process. `index` is the rank (mp.spawn passes it first)."""
     rank = index
+    _stop_on_sigint(parent_pid, out_dir)
     _leave_if_orphaned(parent_pid, out_dir)  # the parent may have died while we started
     threading.Thread(target=_watch_parent, args=(parent_pid, out_dir), daemon=True,
                      name="parent-watch").start()
@@ -220,19 +261,20 @@ def _spawn_entry(index: int, fn: Callable[..., Any], world_size: int, backend: s
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
         dist.destroy_process_group()
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            # torch's spawn has the kernel send SIGINT when the parent dies, possibly before the
-            # re-parenting shows it, and again after: ignore the second while we look.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            _leave_if_orphaned(parent_pid, out_dir, grace_s=2.0)
         _leave_if_orphaned(parent_pid, out_dir)
+        if isinstance(exc, KeyboardInterrupt):  # raised by fn itself: stop quietly, as on SIGINT
+            os._exit(EXIT_INTERRUPTED)
         # Keep the traceback readable, tagged with the rank, and timestamped: when one rank fails
         # the others fail soon after ("connection closed by peer"), and the parent reports the
         # earliest failure, which is the cause.
         message = traceback.format_exc()
         sys.stderr.write(f"[rank {rank}] " + message)
         (Path(out_dir) / f"rank{rank}.err").write_text(f"{time.time()!r}\n{message}")
-        raise
+        # Leave here rather than raise: torch's spawn would pickle the traceback into a
+        # /tmp/pytorch-errorfile-*.pickle that nobody removes; the parent reads rank<N>.err.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     # Done, and the result is saved: leave without the interpreter's teardown. There, C++ destructors
     # join helper threads (compile workers, collective threads) in an order that can abort the
     # process ("terminate called without an active exception", seen once in a 2-rank CPU run of the
@@ -279,12 +321,14 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=_dt.timedelta(seconds=timeout_s))
     with tempfile.TemporaryDirectory(prefix=f"{SPAWN_DIR_PREFIX}{os.getpid()}-") as out_dir:
-        ctx = mp.spawn(_spawn_entry, nprocs=world_size, join=False,
-                       args=(fn, world_size, backend, device_type, store.port, timeout_s,
-                             threads_per_rank, out_dir, os.getpid(), args, kwargs, ranks_per_gpu))
-        allowed = 2 * timeout_s + 60  # init + work + teardown, generously
-        deadline = time.monotonic() + allowed
+        ctx = None
         try:
+            with _sigint_blocked():  # the ranks start with SIGINT blocked (see _stop_on_sigint)
+                ctx = mp.spawn(_spawn_entry, nprocs=world_size, join=False,
+                               args=(fn, world_size, backend, device_type, store.port, timeout_s,
+                                     threads_per_rank, out_dir, os.getpid(), args, kwargs, ranks_per_gpu))
+            allowed = 2 * timeout_s + 60  # init + work + teardown, generously
+            deadline = time.monotonic() + allowed
             while not ctx.join(timeout=0.5):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{world_size} ranks still running {allowed:.0f}s after "
@@ -297,11 +341,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
                 exc.error_index, f"exited with code {exc.exit_code} (signal {exc.signal_name})")
             raise RankFailed(rank, message) from None
         finally:
-            for p in ctx.processes:
+            for p in ctx.processes if ctx is not None else ():
                 if p.is_alive():
                     p.terminate()
-            for p in ctx.processes:
+            for p in ctx.processes if ctx is not None else ():
                 p.join(timeout=10)
+            for name in ctx.error_files if ctx is not None else ():
+                Path(name).unlink(missing_ok=True)  # torch's per-rank traceback file, if one was written
         # --8<-- [end:spawn]
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
                 for r in range(world_size)]

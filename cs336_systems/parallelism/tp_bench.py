@@ -24,7 +24,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, csv_of, open_store
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import (
+    Parser,
+    add_resume,
+    at_least,
+    check_cuda,
+    csv_of,
+    open_store,
+    results_root,
+    timeout_s,
+)
 from cs336_systems.bench.sweep import exit_code
 from cs336_systems.bench.timing import synchronize
 from cs336_systems.distributed.launch import RankFailed, Worker, spawn
@@ -131,6 +141,18 @@ def _measure_all(worker: Worker, tokens_list: list[int], args: dict) -> list[tup
     return rows
 
 
+def check_fit(p: Parser, args, device: str) -> None:
+    """Refuse a token count whose SwiGLU cannot fit on a rank, unless --allow-oom: at least the
+    three (d_model, d_ff) weights, the input and the two (tokens, d_ff) projections at once."""
+    elem = DTYPES[args.dtype].itemsize
+    have, where = fit.capacity_bytes(device, args.world_size)
+    d, f = args.d_model, args.d_ff
+    for tokens in args.tokens:
+        weights, acts = 3 * d * f * elem, tokens * (d + 2 * f) * elem
+        need = fit.StepMemory(weights + acts, {"weights": weights, "input and projections": acts})
+        fit.refuse_unless_fits(p, args, need, have, where, f"--tokens {tokens} --d-model {d} --d-ff {f}")
+
+
 def build_parser() -> Parser:
     eight_b = get_config("8B")
     p = Parser(prog="tp-ffn", description=__doc__.splitlines()[0])
@@ -146,8 +168,10 @@ def build_parser() -> Parser:
     p.add_argument("--variants", type=csv_of(str, choices=VARIANTS), default=list(VARIANTS))
     p.add_argument("--warmup", type=at_least(0), default=5)
     p.add_argument("--iters", type=at_least(1), default=20)
-    p.add_argument("--timeout-s", type=at_least(1, float), default=600.0)
-    p.add_argument("--results-dir", default=None, help="results root (default: results/)")
+    p.add_argument("--timeout-s", type=timeout_s, default=600.0)
+    p.add_argument("--results-dir", type=results_root, default=None, help="results root (default: results/)")
+    add_resume(p)
+    fit.add_allow_oom(p)
     return p
 
 
@@ -162,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dtype = "bf16" if device == "cuda" else "fp32"
     if args.d_ff < args.world_size:
         p.error(f"--d-ff {args.d_ff} is smaller than --world-size {args.world_size}: a rank would hold no slice")
+    check_fit(p, args, device)
     store = open_store(p, BENCH, KEY, device="cpu" if device == "cpu" else None, root=args.results_dir)
     common = {"d_model": args.d_model, "d_ff": args.d_ff, "dtype": args.dtype,
               "world_size": args.world_size, "backend": args.backend}
@@ -169,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
              for t in args.tokens for m in args.modes for v in args.variants]
     todo = sorted({c["tokens"] for c in cells if not store.has(c)})
     if not todo:
-        print(f"[{BENCH}] every cell already in {store.path}", file=sys.stderr)
+        print(f"[{BENCH}] run {store.invocation} already measured every cell in {store.path}", file=sys.stderr)
         return 0
     settings = {**common, "modes": args.modes, "variants": args.variants, "warmup": args.warmup,
                 "iters": args.iters}

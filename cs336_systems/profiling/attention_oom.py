@@ -26,11 +26,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of, positive
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import Parser, add_resume, at_least, csv_of, positive, results_root, timeout_s
 from cs336_systems.bench.oom import MIB, parse_oom_message
 from cs336_systems.bench.sweep import EXIT_INCOMPLETE, exit_code
 from cs336_systems.bench.timing import synchronize
@@ -92,6 +92,19 @@ def run_child(cell: dict, iterations: int, device: str, timeout_s: float) -> tup
     return ("ok" if metrics["ran"] else "oom"), metrics
 
 
+def check_fit(p, args) -> None:
+    """Refuse a seq whose hand-counted backward peak (attention.benchmarks.pytorch_sweep) exceeds
+    the device, unless --allow-oom. On the H200 the default seqs fit by that count (the OOM they
+    probe comes from the allocator); on a CPU they would take more than its RAM."""
+    from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
+
+    have, where = fit.capacity_bytes(args.device)
+    for seq in args.seqs:
+        peak = attention_memory(args.batch, seq, args.d)["backward_peak"]
+        need = fit.StepMemory(peak, {"inputs, outputs, gradients and four (batch, seq, seq) scores": peak})
+        fit.refuse_unless_fits(p, args, need, have, where, f"--seqs {seq} --batch {args.batch} --d {args.d}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="attention-oom", description=__doc__.splitlines()[0])
     p.add_argument("--seqs", type=csv_of(at_least(1)), default=[16384, 32768])
@@ -101,17 +114,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=at_least(1), default=8)
     p.add_argument("--iterations", type=at_least(1), default=3,
                    help="forward+backward passes (the sweep's warm-up: 3)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--results-dir", type=Path, default=None)
+    p.add_argument("--device", default="cuda",
+                   help="cuda (a GPU benchmark), or cpu for its CPU smoke run with --results-dir")
+    p.add_argument("--results-dir", type=results_root, default=None)
     p.add_argument("--budget-s", type=positive(float), default=None,
                    help="start no new cell after this many seconds")
-    p.add_argument("--child-timeout-s", type=positive(float), default=180.0)
+    p.add_argument("--child-timeout-s", type=timeout_s, default=180.0)
+    add_resume(p)
+    fit.add_allow_oom(p)
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(probe(**json.loads(args.child))))
         return 0
     check_device(p, args)
+    check_fit(p, args)
     store = open_store(p, "attention/oom_checks", KEY, args)
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
     cells = [{"batch": args.batch, "d": args.d, "seq": s, "alloc_conf": c} for s in args.seqs for c in args.alloc_confs]
@@ -120,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         if store.has(cell):
             continue
         if deadline is not None and time.monotonic() > deadline:
-            print("[attention-oom] time budget spent; re-run the same command to resume", file=sys.stderr)
+            print(f"[attention-oom] time budget spent; the same command with --resume {store.invocation} "
+                  "measures the rest", file=sys.stderr)
             return exit_code(written, "attention-oom") or EXIT_INCOMPLETE
         status, metrics = run_child(cell, args.iterations, args.device, args.child_timeout_s)
         written.append(store.append(cell, {**metrics, "iterations_asked": args.iterations},

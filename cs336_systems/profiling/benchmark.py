@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from cs336_systems.bench.cli import Parser, check_cuda, open_store
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import Parser, check_cuda, open_store, results_root, seed
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.bench.provenance import device_name
 from cs336_systems.bench.store import DEFAULT_ROOT
@@ -119,8 +120,9 @@ def build_parser() -> Parser:
     p.add_argument("--trace", type=Path, help="Chrome trace path for --profile torch")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--peak-tflops", type=float, help="override the datasheet peak used for MFU")
-    p.add_argument("--results-dir", type=Path, default=None, help=f"results root (default {DEFAULT_ROOT})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results-dir", type=results_root, default=None, help=f"results root (default {DEFAULT_ROOT})")
+    p.add_argument("--seed", type=seed, default=0)
+    fit.add_allow_oom(p)
     return p
 
 
@@ -134,8 +136,8 @@ def parse_config(p: Parser, args: argparse.Namespace) -> ModelConfig:
         if args.context_length is not None:
             overrides["context_length"] = args.context_length
         for name, value in overrides.items():
-            if not value > 0:
-                p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
+            if not 0 < value < float("inf"):
+                p.error(f"--{name.replace('_', '-')} must be > 0 and finite, got {value}")
         return ModelConfig(**{**cfg.as_dict(), **overrides})
     except ValueError as exc:
         p.error(str(exc))
@@ -160,8 +162,8 @@ def validate(p: Parser, args: argparse.Namespace) -> None:
         p.error("--profile annotates the naive attention; use it with --attention naive")
     if args.trace and args.profile != "torch":
         p.error("--trace names the Chrome trace of --profile torch; add --profile torch")
-    if args.peak_tflops is not None and not args.peak_tflops > 0:
-        p.error(f"--peak-tflops must be > 0, got {args.peak_tflops}")
+    if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
+        p.error(f"--peak-tflops must be > 0 and finite, got {args.peak_tflops}")
     check_cuda(p, args.device)
     dev = torch.device(args.device)
     if args.dtype == "bf16" and not bf16_supported(dev):
@@ -184,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     validate(p, args)
     cfg = parse_config(p, args)
+    have, where = fit.capacity_bytes(args.device)
+    need = fit.step_memory(cfg, args.mode, batch=args.batch_size, context=cfg.context_length,
+                           bf16=args.dtype == "bf16", attention=args.attention)
+    fit.refuse_unless_fits(p, args, need, have, where,
+                           f"--size {args.size} --batch-size {args.batch_size} --context-length "
+                           f"{cfg.context_length} --mode {args.mode}")
     # Open the store before measuring, so a foreign file or uncommitted code fails fast, writing nothing.
     store = open_store(p, BENCH, KEY, device=None if args.device.startswith("cuda") else "cpu",
                        root=args.results_dir)

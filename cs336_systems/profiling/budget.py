@@ -1,7 +1,8 @@
 """Shared plumbing of the Part 1 sweeps: a time budget per sweep, one cached model, a one-line CLI error.
 
 GPU time comes in 10-minute calls. Each sweep gets a budget: once it is spent, no new cell starts,
-the finished rows stay, and the next call (same command) resumes where this one stopped.
+the finished rows stay, and the next call (the same command with `--resume RUN`) goes on where
+this one stopped.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from cs336_systems.bench import cli
+from cs336_systems.bench import cli, fit
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.sweep import EXIT_INCOMPLETE, exit_code, run_sweep
 from cs336_systems.model import get_config
@@ -50,8 +51,8 @@ def run_budgeted(store: ResultStore, cells: Iterable[Mapping[str, Any]],
     try:
         written = run_sweep(store, cells, guarded, desc=desc, written=written)
     except OutOfTime:
-        print(f"[{store.bench}] time budget of {budget_s:.0f} s spent; re-run the same command to "
-              f"resume", file=sys.stderr)
+        print(f"[{store.bench}] time budget of {budget_s:.0f} s spent; the same command with "
+              f"--resume {store.invocation} measures the rest", file=sys.stderr)
         return exit_code(written, store.bench) or EXIT_INCOMPLETE
     return exit_code(written, store.bench)
 
@@ -83,13 +84,30 @@ def open_store(p: argparse.ArgumentParser, bench: str, key: Iterable[str], args)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    from pathlib import Path
-
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--results-dir", type=Path, default=None, help="results root (default: results/)")
+    p.add_argument("--device", default="cuda",
+                   help="cuda (a GPU benchmark), or cpu for its CPU smoke run with --results-dir")
+    p.add_argument("--results-dir", type=cli.results_root, default=None, help="results root (default: results/)")
     p.add_argument("--budget-s", type=cli.positive(float), default=None,
-                   help="start no new cell after this many seconds (re-run to resume)")
+                   help="start no new cell after this many seconds (then --resume RUN goes on)")
+    cli.add_resume(p)
+    fit.add_allow_oom(p)
 
 
 def check_device(p: argparse.ArgumentParser, args) -> None:
-    cli.check_cuda(p, args.device)
+    cli.require_gpu(p, args.device, args.results_dir)
+
+
+def check_fit(p: argparse.ArgumentParser, args, cells: Iterable[Mapping[str, Any]],
+              describe: Callable[[Mapping[str, Any]], str],
+              checkpointed: Callable[[Mapping[str, Any]], int] | None = None) -> None:
+    """Refuse (one line naming the cell by its flags, `describe(cell)`) a cell whose step cannot
+    fit on this device (bench.fit: the training step's memory arithmetic), unless --allow-oom.
+    A cell is a dict with size, context, mode, dtype and batch (and attention: naive if absent)."""
+    have, where = fit.capacity_bytes(args.device)
+    for cell in cells:
+        cfg = get_config(cell["size"], cell["context"])
+        need = fit.step_memory(cfg, cell["mode"], batch=cell["batch"], context=cell["context"],
+                               bf16=cell["dtype"] == "bf16",
+                               checkpointed_blocks=checkpointed(cell) if checkpointed else 0,
+                               attention=cell.get("attention", "naive"))
+        fit.refuse_unless_fits(p, args, need, have, where, describe(cell))

@@ -10,15 +10,16 @@ its neighbours can be read off one run. Rows: results/memory/checkpointing/<devi
 k = 1): inside every block, the attention branch alone, the feed-forward branch alone, or each on
 its own (TransformerLM.checkpoint_sublayers; checkpoint_theory.sublayer_peak is their arithmetic).
 Their rows go to results/memory/checkpointing_sublayers/<device>.jsonl (k = 0 there, `sublayers`
-naming the granularity), so the block-size file keeps one row kind. `--remeasure` measures the
-selected cells again (the old rows stay; readers keep the newest), so k = 1 and 2 can be timed in
-the same run as the sub-block cells.
+naming the granularity), so the block-size file keeps one row kind. Every run measures its cells
+(the old rows stay; readers keep the newest), so k = 1 and 2 can be timed in the same run as the
+sub-block cells; `--remeasure` also measures again the cells a `--resume`d run had finished.
 
 Per k: --warmup untimed steps, then --steps timed (profiling.benchmark.measure: the allocator's peak
 over the timed steps on CUDA), then one forward whose saved tensors are counted (what the forward
 leaves for the backward: the segment inputs plus everything outside the blocks). On CPU there is no
 allocator peak; one more step under LiveTensorBytes gives the peak of live tensor bytes instead.
-`python -m cs336_systems.bench checkpointing --size tiny --device cpu` is the CPU smoke run.
+`python -m cs336_systems.bench checkpointing --size tiny --device cpu --results-dir results/_local` is
+the CPU smoke run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import sys
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, csv_of, open_store
+from cs336_systems.bench.cli import Parser, add_resume, at_least, csv_of, open_store, require_gpu, results_root
+from cs336_systems.bench.fit import add_allow_oom
 from cs336_systems.bench.sweep import exit_code, run_sweep
 from cs336_systems.model import cross_entropy, get_config, use_attention
 from cs336_systems.model.attention import ATTENTION_IMPLS
@@ -36,6 +38,7 @@ from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 from cs336_systems.sharding.accounting import block_sublayer_bytes, saved_activation_bytes
 
 from .benchmark import measure
+from .budget import check_fit
 from .checkpointing import LiveTensorBytes
 from .steps import DTYPES, MODES, autocast_context, build_model, random_batch
 
@@ -74,25 +77,38 @@ def build_parser() -> Parser:
     p.add_argument("--sublayers", type=csv_of(choices=list(SUBLAYER_CHOICES), allow_empty=True), default=[],
                    help="also checkpoint inside each block: attn, ffn, attn+ffn (comma-separated)")
     p.add_argument("--remeasure", action="store_true",
-                   help="measure the selected cells again even if stored (old rows stay; readers keep the newest)")
+                   help="with --resume: measure again the cells that run finished (a new run measures all)")
     p.add_argument("--mode", choices=[m for m in MODES if m != "forward"], default="forward-backward")
     p.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     p.add_argument("--attention", choices=list(ATTENTION_IMPLS), default="naive")
     p.add_argument("--warmup", type=at_least(0), default=2)
     p.add_argument("--steps", type=at_least(1), default=3)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--results-dir", default=None, help="results root (default: results/)")
+    p.add_argument("--device", default="cuda",
+                   help="cuda (a GPU benchmark), or cpu for its CPU smoke run with --results-dir")
+    p.add_argument("--results-dir", type=results_root, default=None, help="results root (default: results/)")
+    add_resume(p)
+    add_allow_oom(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    check_cuda(p, args.device)
+    require_gpu(p, args.device, args.results_dir)
     cfg = get_config(args.size, args.context)
     too_big = [k for k in args.ks if k > cfg.num_layers]
     if too_big:
         p.error(f"--ks: {too_big} exceed the {args.size} model's {cfg.num_layers} layers")
+    # k > 0: the recomputed segment's k blocks are live at once beside every other block's input;
+    # inside-block cells (--sublayers): at least every block's input
+    check_fit(p, args, [{"size": args.size, "context": args.context, "mode": args.mode, "dtype": args.dtype,
+                         "batch": args.batch, "attention": args.attention, "k": k} for k in args.ks]
+              + [{"size": args.size, "context": args.context, "mode": args.mode, "dtype": args.dtype,
+                  "batch": args.batch, "attention": args.attention, "k": None, "sublayers": g}
+                 for g in args.sublayers],
+              lambda c: (f"--size {c['size']} --context {c['context']} --batch {c['batch']} "
+                         + (f"--ks {c['k']}" if c["k"] is not None else f"--sublayers {c['sublayers']}")),
+              checkpointed=lambda c: cfg.num_layers if c["k"] is None else cfg.num_layers - c["k"] if c["k"] else 0)
     slug = None if args.device.startswith("cuda") else "cpu"
     store = open_store(p, BENCH, KEY, device=slug, root=args.results_dir)
     sub_store = open_store(p, SUBLAYER_BENCH, SUBLAYER_KEY, device=slug, root=args.results_dir)

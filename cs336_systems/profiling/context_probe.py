@@ -88,6 +88,8 @@ def probe_longest_context(store: ResultStore, cell: dict[str, Any], run_at: Call
     while ctx <= limit:
         key = {**cell, "context": ctx}
         row = store.newest(key)
+        if row is not None and row.get("invocation") != store.invocation:
+            row = None  # another run's row: this one measures again (--resume reuses its own)
         if row is None:
             try:
                 row = store.append(key, run_at(ctx))

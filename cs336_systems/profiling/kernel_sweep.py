@@ -4,7 +4,7 @@ Every size x context {128, 256, 512, 1024}: a full train step (forward, backward
 2 warm-up steps, one step timed phase by phase with the Python timer, one profiled step.
 Writes one summary row per cell to results/profiling/kernel_cells/ (OOM cells as OOM) and the
 per-phase kernel table to results/profiling/kernels/. Both carry the cell's `cell_run` id, so a
-reader can take the kernel rows of the newest run of a cell only. `--redo-stale` measures again the
+reader can take the kernel rows of the newest run of a cell only. `--redo-stale` measures only the
 cells whose newest row was counted by an older attribution (kernel_attribution.ATTRIBUTION).
 
 `--longest-fit small,2.7B` answers the 2026 edition's version (two sizes, three power-of-two
@@ -23,11 +23,11 @@ import argparse
 import sys
 import uuid
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of
+from cs336_systems.bench.cli import Parser, at_least, csv_of, given
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
-from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
+from .budget import ModelCache, add_common, check_device, check_fit, open_store, run_budgeted
 from .context_probe import BENCH as PROBE_BENCH
 from .context_probe import KEY as PROBE_KEY
 from .context_probe import probe_longest_context, step_at
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="--longest-fit: the longest context tried (the model's RoPE table and mask are "
                         "built this long)")
     p.add_argument("--redo-stale", action="store_true",
-                   help="measure again cells whose newest row predates the current attribution")
+                   help="measure only the cells whose newest row predates the current attribution")
     p.add_argument("--warmup", type=at_least(0), default=2)
     add_common(p)
     args = p.parse_args(argv)
@@ -126,10 +126,22 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--probe-limit {args.probe_limit} is below --probe-start {args.probe_start}")
     if args.longest_fit is not None and not args.longest_fit:
         p.error("--longest-fit: expected at least one size")
+    if (args.cells is not None or args.longest_fit is not None) and (given(p, "sizes") or given(p, "contexts")):
+        p.error(f"{'--cells' if args.cells is not None else '--longest-fit'} replaces --sizes x --contexts; "
+                "give one or the other")
+    if args.longest_fit is None and (given(p, "probe_start") or given(p, "probe_limit")):
+        p.error("--probe-start and --probe-limit are for --longest-fit")
     pairs = args.cells if args.cells is not None else [(s, c) for s in args.sizes for c in args.contexts]
     if not pairs:
         p.error("--cells: expected at least one SIZE:CONTEXT")
+    if len(set(pairs)) < len(pairs):
+        p.error("argument --cells: a cell given twice")
     longest = args.longest_fit is not None
+    if not longest:  # --longest-fit finds what fits by running it (its OOM is the probe's answer)
+        check_fit(p, args, [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4}
+                            for s, c in pairs],
+                  lambda c: f"--sizes/--cells {c['size']} --contexts {c['context']} --mode {c['mode']} "
+                            f"--dtype {c['dtype']}")
     cells_store = open_store(p, LONGEST_CELLS if longest else "profiling/kernel_cells", CELL_KEY, args)
     kernel_store = open_store(p, LONGEST_KERNELS if longest else "profiling/kernels", KERNEL_KEY, args)
     models = ModelCache(args.device)
@@ -155,12 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             print("[kernels] no size fits even at --probe-start; nothing to profile", file=sys.stderr)
             return 1
     cells = [{"size": s, "context": c, "mode": args.mode, "dtype": args.dtype, "batch": 4} for s, c in pairs]
-    if args.redo_stale:
-        for cell in cells:
-            row = cells_store.newest(cell)
-            current = (ATTRIBUTION, CPU_ATTRIBUTION)
-            if row is not None and row.get("status") == "ok" and row.get("attribution") not in current:
-                cells_store.forget(cell)
+    if args.redo_stale:  # only the cells whose newest row an older attribution counted
+        current = (ATTRIBUTION, CPU_ATTRIBUTION)
+        cells = [c for c in cells if (row := cells_store.newest(c)) is not None and row.get("status") == "ok"
+                 and row.get("attribution") not in current]
     for s, _ in pairs:  # one model per size; shorter batches use its prefix
         max_ctx.setdefault(s, max(c for s2, c in pairs if s2 == s))
 

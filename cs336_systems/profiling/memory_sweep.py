@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of
+from cs336_systems.bench.cli import Parser, at_least, csv_of, given
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA
 
-from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
+from .budget import ModelCache, add_common, check_device, check_fit, open_store, run_budgeted
 from .memory import (
     MIB,
     allocations_of_size,
@@ -138,18 +138,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the snapshot pickles go while they are analysed (default: a private "
                         "temporary directory, removed at the end)")
     p.add_argument("--remeasure", action="store_true",
-                   help="measure the selected cells again even if stored (an OOM row included); the old "
-                        "rows stay in the file, readers keep the newest")
+                   help="(the default now: every run measures every selected cell; kept so old commands run)")
     add_common(p)
     args = p.parse_args(argv)
     check_device(p, args)
     cuda = torch.device(args.device).type == "cuda"
+    if args.remeasure and not args.resume:
+        print("[memory] --remeasure: every run measures every cell now; the flag is no longer needed",
+              file=sys.stderr)
+    for dest in ("snapshot_cells", "snapshot_dir"):
+        if not cuda and given(p, dest) and getattr(args, dest):
+            p.error(f"{p.flag(dest)}: snapshots record the CUDA allocator; --device cpu takes none")
+    unknown = [t for t in args.snapshot_cells if not any(
+        t == f"{c}/{m}/{d}" for c in args.contexts for m in args.modes for d in args.dtypes)]
+    if given(p, "snapshot_cells") and unknown:
+        p.error(f"--snapshot-cells {','.join(unknown)}: not among the cells --contexts x --modes x --dtypes select")
+    cells = [{"size": args.size, "context": c, "mode": m, "dtype": d, "batch": 4}
+             for c in args.contexts for d in args.dtypes for m in args.modes]
+    check_fit(p, args, cells, lambda c: f"--size {c['size']} --contexts {c['context']} --modes {c['mode']} "
+                                        f"--dtypes {c['dtype']}")
     peaks = open_store(p, "memory/peaks", KEY, args)
     timelines = open_store(p, "memory/timeline", KEY, args)
     largest = open_store(p, "memory/largest", [*KEY, "rank"], args)
     residual = open_store(p, "memory/residual", KEY, args)
-    cells = [{"size": args.size, "context": c, "mode": m, "dtype": d, "batch": 4}
-             for c in args.contexts for d in args.dtypes for m in args.modes]
     snap_cells = set(args.snapshot_cells)
     again = cells if args.remeasure else missing_timelines(cells, snap_cells, peaks, timelines) if cuda else []
     for cell in again:

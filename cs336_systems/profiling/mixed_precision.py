@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from cs336_systems.bench.cli import Parser, check_cuda, open_store
+from cs336_systems.bench.cli import Parser, check_cuda, open_store, results_root
 from cs336_systems.bench.provenance import device_slug
 from cs336_systems.bench.store import DEFAULT_ROOT
 
@@ -149,7 +148,7 @@ def autocast_rows(device: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="accumulation", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--results-dir", type=Path, default=None, help=f"results root (default {DEFAULT_ROOT})")
+    p.add_argument("--results-dir", type=results_root, default=None, help=f"results root (default {DEFAULT_ROOT})")
     args = p.parse_args(argv)
     check_cuda(p, args.device)
     slug = device_slug(args.device)

@@ -14,8 +14,8 @@ torch_compile (b)): `just bench end-to-end [--part timings|warmup|compile]`.
   allocator's numbers, the phase it failed in, and the arithmetic beside them.
 
 `--record-clocks` (timings) samples the GPU's SM clock, power and temperature with nvidia-smi while
-each cell runs and stores them in its row; cells whose newest row has no such record are measured
-again, so the suspect bf16 rows can be re-measured with the clocks beside them.
+each cell runs and stores them in its row, and measures only the cells whose newest row has no
+such record, so the suspect bf16 rows can be re-measured with the clocks beside them.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ import timeit
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of
+from cs336_systems.bench.cli import Parser, at_least, csv_of, given
 from cs336_systems.bench.sweep import worst
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.model import get_config
 from cs336_systems.model.config import PRESETS, PRESETS_EXTRA, edition_presets
 
 from .benchmark import measure
-from .budget import ModelCache, add_common, check_device, open_store, run_budgeted
+from .budget import ModelCache, add_common, check_device, check_fit, open_store, run_budgeted
 from .clocks import ClockSampler
 from .phase_timing import measure_phases, step_memory
 from .steps import DTYPES, MODES, build_model, make_optimizer, make_step, random_batch
@@ -48,16 +48,29 @@ ALL_SIZES = [*PRESETS, *PRESETS_EXTRA]
 PARTS = ("timings", "warmup", "compile", "phases")
 
 
+def timing_cells(args) -> list[dict]:
+    return [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d,
+             "warmup": args.warmup, "steps": args.steps, "compile": False}
+            for s in args.sizes for d in args.dtypes for m in args.modes]
+
+
+def warmup_cells(args) -> list[dict]:
+    return [{"size": s, "context": args.context, "mode": m, "dtype": "fp32", "trace_steps": args.steps + 2,
+             "batch": 4} for m in ("forward-backward", "forward") for s in args.sizes]
+
+
+def compile_cells(args) -> list[dict]:
+    return [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d, "compile": c,
+             "warmup": args.warmup, "steps": args.steps}
+            for s in args.compile_sizes for d in args.compile_dtypes for m in ("forward", "train")
+            for c in (False, True)]
+
+
 def timings(p, args) -> int:
     store = open_store(p, "end-to-end/timings", ["size", "context", "mode", "dtype", "warmup", "steps"], args)
-    cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d,
-              "warmup": args.warmup, "steps": args.steps, "compile": False}
-             for s in args.sizes for d in args.dtypes for m in args.modes]
-    if args.record_clocks:  # measure again the cells measured without a clock record
-        for cell in cells:
-            row = store.newest(cell)
-            if row is not None and row.get("status") == "ok" and "clock_samples" not in row:
-                store.forget(cell)
+    cells = timing_cells(args)
+    if args.record_clocks:  # only the cells whose newest row has no clock record
+        cells = [c for c in cells if "clock_samples" not in (store.newest(c) or {})]
     models = ModelCache(args.device)
 
     def run(cell):
@@ -110,8 +123,7 @@ def warmup_stats(step_ms: list[float], warmup: int, steps: int = 10) -> dict[str
 def warmup(p, args) -> int:
     store = open_store(p, "end-to-end/warmup", ["size", "context", "mode", "dtype"], args)
     n = args.steps + 2
-    cells = [{"size": s, "context": args.context, "mode": m, "dtype": "fp32", "trace_steps": n}
-             for m in ("forward-backward", "forward") for s in args.sizes]
+    cells = [{k: v for k, v in c.items() if k != "batch"} for c in warmup_cells(args)]
 
     def run(cell):
         cmd = [sys.executable, "-m", "cs336_systems.profiling.sweeps", "--child",
@@ -131,10 +143,7 @@ def warmup(p, args) -> int:
 
 def compile_part(p, args) -> int:
     store = open_store(p, "end-to-end/compile", ["size", "context", "mode", "dtype", "compile"], args)
-    cells = [{"size": s, "context": args.context, "batch": 4, "mode": m, "dtype": d, "compile": c,
-              "warmup": args.warmup, "steps": args.steps}
-             for s in args.compile_sizes for d in args.compile_dtypes for m in ("forward", "train")
-             for c in (False, True)]
+    cells = compile_cells(args)
     models = ModelCache(args.device)
 
     def run(cell):
@@ -233,10 +242,27 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(warmup_trace(**json.loads(args.child))))
         return 0
     check_device(p, args)
-    if "phases" in (args.part or PARTS):
+    chosen = args.part or list(PARTS)
+    if args.part and len(set(args.part)) < len(args.part):
+        p.error("argument --part: a part given twice")
+    for dest, used_by in (("record_clocks", {"timings"}), ("modes", {"timings"}), ("dtypes", {"timings", "phases"}),
+                          ("compile_sizes", {"compile"}), ("compile_dtypes", {"compile"}),
+                          ("phase_sizes", {"phases"}), ("phase_modes", {"phases"})):
+        if given(p, dest) and not used_by & set(chosen):
+            p.error(f"{p.flag(dest)} is for --part {' or '.join(sorted(used_by))}, which this run leaves out")
+    # The fit check (bench.fit) for the parts of the course's grid; phases makes its own (on the CPU
+    # only: on a GPU its 10B training step is meant to run out of memory, an OOM row with the arithmetic).
+    flags = {"timings": (timing_cells, "--sizes", "--modes", "--dtypes"),
+             "warmup": (warmup_cells, "--sizes", "(warm-up study) mode", "dtype"),
+             "compile": (compile_cells, "--compile-sizes", "(compile) mode", "--compile-dtypes")}
+    for part in (c for c in chosen if c in flags):
+        build, size, mode, dtype = flags[part]
+        check_fit(p, args, build(args), lambda c, size=size, mode=mode, dtype=dtype:
+                  f"{size} {c['size']} --context {c['context']} {mode} {c['mode']} {dtype} {c['dtype']}")
+    if "phases" in chosen:
         check_phase_sizes_fit_the_host(p, args)
     parts = {"timings": timings, "warmup": warmup, "compile": compile_part, "phases": phases}
-    return worst(*(parts[part](p, args) for part in args.part or PARTS))
+    return worst(*(parts[part](p, args) for part in chosen))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import (
+    Parser,
+    add_resume,
+    at_least,
+    check_cuda,
+    given,
+    open_store,
+    refuse_duplicates,
+    results_root,
+    timeout_s,
+)
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.sweep import exit_code, run_sweep
 from cs336_systems.bench.timing import synchronize
@@ -223,8 +234,10 @@ def build_parser() -> Parser:
                    help="skip timing the four communication patterns alone on the model's sizes")
     p.add_argument("--warmup", type=at_least(0), default=2)
     p.add_argument("--steps", type=at_least(1), default=10)
-    p.add_argument("--timeout-s", type=positive(float), default=600.0)
-    p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
+    p.add_argument("--timeout-s", type=timeout_s, default=600.0)
+    p.add_argument("--results-dir", type=results_root, default=None, help="root of the results tree (default: results/)")
+    add_resume(p)
+    fit.add_allow_oom(p)
     return p
 
 
@@ -240,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         args.context = 512 if args.device == "cuda" else 128
     if args.backend == "nccl" and args.device != "cuda":
         parser.error("--backend nccl needs --device cuda")
+    refuse_duplicates(parser, args, "methods")
+    if given(parser, "ddp") and set(args.methods) <= {"zero1"}:
+        parser.error("--ddp picks the wrapper of ddp, sharded and zero_redundancy; --methods has none of them")
     try:
         cfg = model_config(args.size, args.context)
     except ValueError as exc:
@@ -247,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else args.world_size
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if in_torchrun() else world
     check_cuda(parser, args.device, gpus=local)
+    have, where = fit.capacity_bytes(args.device, local)
+    shards = world if set(args.methods) - {"ddp"} else 1  # the least any method asked for holds
+    need = fit.step_memory(cfg, "train", batch=args.batch, context=args.context, optimizer_shards=shards)
+    fit.refuse_unless_fits(parser, args, need, have, where,
+                           f"--size {args.size} --context {args.context} --batch {args.batch} (per rank)")
     cells = [{"method": m, "ddp": "none" if m == "zero1" else args.ddp, "size": args.size,
               "world_size": world, "backend": args.backend, "device_type": args.device,
               "batch": args.batch, "context": args.context} for m in args.methods]

@@ -60,7 +60,16 @@ import torch
 import torch.distributed as dist
 
 from cs336_systems.attention.triton_loader import interpreting
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, open_store, positive
+from cs336_systems.bench.cli import (
+    Parser,
+    at_least,
+    check_cuda,
+    open_store,
+    positive,
+    refuse_duplicates,
+    seed,
+    timeout_s,
+)
 from cs336_systems.bench.provenance import device_slug
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.sweep import free_memory, is_oom
@@ -317,8 +326,8 @@ def build_parser() -> Parser:
                    help="run a variant the memory arithmetic says cannot fit (and record its OOM row)")
     p.add_argument("--memory-per-rank-gib", type=positive(float), default=None,
                    help="the memory a rank may use, for the fit check (default: the GPU's; on the CPU, RAM / ranks)")
-    p.add_argument("--seed", type=at_least(0), default=0, help="weights and batch (default 0)")
-    p.add_argument("--timeout-s", type=positive(float), default=1800.0,
+    p.add_argument("--seed", type=seed, default=0, help="weights and batch (default 0)")
+    p.add_argument("--timeout-s", type=timeout_s, default=1800.0,
                    help="per collective (a compiling rank keeps the others waiting; default 1800)")
     p.add_argument("--results-dir", default=None, help="root of the results tree (default: results/)")
     return p
@@ -356,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     parser = build_parser()
     args = parser.parse_args(argv)
+    refuse_duplicates(parser, args, "variant")  # argument checks (issue 28)
     if in_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if args.world_size is not None and args.world_size != world:

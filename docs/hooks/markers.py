@@ -12,6 +12,7 @@ Every false claim and every failing item of a page is reported together, then th
 
 from __future__ import annotations
 
+import logging
 import re
 
 from mkdocs.exceptions import PluginError
@@ -96,6 +97,15 @@ def fill(markdown: str, page: str = "page.md") -> tuple[str, list[str], list[str
             continue
         out.append(line if fence is not None else filler.line(line, lineno))
     return "".join(out), filler.figures, filler.problems
+
+
+def on_config(config):
+    # A line of a results file that the report layer skips (torn, not JSON, not UTF-8) becomes a
+    # warning naming file and line, so `mkdocs build --strict` fails on it (bench/store.py).
+    from cs336_systems.bench.store import log_skipped_lines
+
+    log_skipped_lines(logging.getLogger("mkdocs.hooks.results"))
+    return config
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (mkdocs API)

@@ -1,7 +1,7 @@
 """The flash_benchmarking grid: our FlashAttention-2 against PyTorch, by sequence length and head dim.
 
     just bench flash-sweep [--impls triton,sdpa,naive,pytorch] [--max-minutes 4]
-    just bench flash-sweep --impls triton --remeasure   # re-time our kernels after a change
+    just bench flash-sweep --impls triton               # re-time our kernels after a change
 
 Batch 1, causal, seq 2^7..2^16, d 16..128, bf16 and fp32; forward, backward and forward+backward,
 each timed with triton.testing.do_bench (median). Implementations: our Triton FA2; our PyTorch FA2
@@ -23,7 +23,16 @@ import time
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of, open_store, positive
+from cs336_systems.bench.cli import (
+    Parser,
+    add_resume,
+    at_least,
+    csv_of,
+    open_store,
+    positive,
+    require_gpu,
+    results_root,
+)
 from cs336_systems.bench.store import ResultStore
 from cs336_systems.bench.sweep import exit_code, run_sweep
 from cs336_systems.bench.timing import gpu_bench
@@ -123,16 +132,16 @@ def cells(impls, dtypes, dims, seqs, modes) -> list[dict]:
             for i, dt, d, n, m in itertools.product(impls, dtypes, dims, seqs, modes)]
 
 
-def run(args) -> int:
-    store = ResultStore(BENCH, key=KEY, root=args.results_dir)
+def run(args, store: ResultStore | None = None) -> int:
+    """The sweep into `store` (default: a new invocation's store of BENCH)."""
+    store = store or ResultStore(BENCH, key=KEY, root=args.results_dir)
     grid = cells(args.impls, args.dtypes, args.dims, args.seqs, args.modes)
-    if args.remeasure:  # measure again; the old rows stay in the file, readers keep the newest
-        for cell in grid:
-            if not skip_reason(cell["impl"], cell["dtype"], cell["seq"]):
-                store.forget(cell)
-    # Pointless or impossible cells are recorded without touching the GPU.
+    # Pointless or impossible cells are recorded without touching the GPU, once: a later run leaves
+    # a cell alone whose newest row already says why (nothing was measured, nothing changes).
+    newest = {tuple(r.get(k) for k in KEY): r.get("status") for r in store.rows()}
     for cell in grid:
-        if not store.has(cell) and (reason := skip_reason(cell["impl"], cell["dtype"], cell["seq"])):
+        reason = skip_reason(cell["impl"], cell["dtype"], cell["seq"])
+        if reason and newest.get(tuple(cell[k] for k in KEY)) != "unsupported":
             store.append(cell, status="unsupported", error=reason)
     if "triton" in args.impls and args.workers > 1:
         precompile_triton(args.dtypes, args.dims, args.seqs, args.workers)
@@ -141,9 +150,11 @@ def run(args) -> int:
     for impl in args.impls:  # in priority order: what is left at the deadline resumes next run
         for dt, d in itertools.product(args.dtypes, args.dims):
             if time.monotonic() > deadline:
-                print("[flash-sweep] --max-minutes reached; rerun to resume", file=sys.stderr)
+                print(f"[flash-sweep] --max-minutes reached; the same command with --resume {store.invocation} "
+                      "measures the rest", file=sys.stderr)
                 return exit_code(written, BENCH)
-            written += run_sweep(store, [c for c in grid if (c["impl"], c["dtype"], c["d"]) == (impl, dt, d)],
+            written += run_sweep(store, [c for c in grid if (c["impl"], c["dtype"], c["d"]) == (impl, dt, d)
+                                         and not skip_reason(c["impl"], c["dtype"], c["seq"])],
                                  measure, desc=f"{impl} {dt} d={d}")
     return exit_code(written, BENCH)
 
@@ -160,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=at_least(1), default=max(1, min(12, (os.cpu_count() or 2) - 2)),
                     help="processes compiling the Triton kernels ahead of timing")
     ap.add_argument("--remeasure", action="store_true",
-                    help="time the selected cells again even if stored (e.g. after a kernel change)")
-    ap.add_argument("--results-dir", default=None)
+                    help="(the default now: every run times every selected cell; kept so old commands run)")
+    ap.add_argument("--results-dir", type=results_root, default=None)
+    add_resume(ap)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("the sweep needs a CUDA GPU (the site draws its figures from the stored results)")
-    open_store(ap, BENCH, KEY, root=args.results_dir)  # a foreign file or uncommitted code: exit 2 now
-    return run(args)
+    require_gpu(ap, flag=None, cpu_smoke=False)
+    store = open_store(ap, BENCH, KEY, root=args.results_dir)  # a foreign file or uncommitted code: exit 2 now
+    return run(args, store)
 
 
 def head_dim(text: str) -> int:

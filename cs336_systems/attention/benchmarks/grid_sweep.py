@@ -10,8 +10,8 @@ our output and gradients are checked against SDPA's cuDNN backend (a fast wrong 
 row, not a result); then each implementation's forward and forward+backward
 (`o = f(q, k, v); o.backward(do)`) are timed with `triton.testing.do_bench` (median). cuDNN is
 timed first in each cell so every row can carry its speed relative to cuDNN in the same run.
-Rows go to results/attention/flash_grid/<device>.jsonl; the sweep resumes by (cell, impl, mode), and
-`--remeasure` measures every cell again (after a new tuned table: readers take each cell's newest row).
+Rows go to results/attention/flash_grid/<device>.jsonl; every run measures every cell (readers take
+each cell's newest row), and `--resume RUN` goes on with an interrupted run by (cell, impl, mode).
 """
 
 from __future__ import annotations
@@ -22,7 +22,16 @@ from collections.abc import Callable
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of, open_store, positive
+from cs336_systems.bench.cli import (
+    Parser,
+    add_resume,
+    at_least,
+    csv_of,
+    open_store,
+    positive,
+    require_gpu,
+    results_root,
+)
 from cs336_systems.bench.sweep import exit_code, free_memory, is_oom
 from cs336_systems.bench.timing import gpu_bench
 
@@ -88,8 +97,7 @@ def measure_cell(store, cell: dict, impls: list[str], args, written: list) -> No
     q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
                for _ in range(3))
     do = torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    todo = [i for i in impls if args.remeasure
-            or not all(store.has({**cell, "impl": i, "mode": m}) for m in ("fwd", "fwd_bwd"))]
+    todo = [i for i in impls if not all(store.has({**cell, "impl": i, "mode": m}) for m in ("fwd", "fwd_bwd"))]
     checks: dict[str, float] = {}
     if "ours" in todo:
         checks = check_against_cudnn(q, k, v, do, causal)
@@ -142,11 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=positive(float), default=100, help="do_bench warmup (ms)")
     ap.add_argument("--tolerance", type=positive(float), default=2e-2, help="max relative error vs cuDNN")
     ap.add_argument("--budget-s", type=positive(float), default=None, help="stop starting cells after this")
-    ap.add_argument("--remeasure", action="store_true", help="measure cells that already have rows again")
-    ap.add_argument("--results-dir", default=None)
+    ap.add_argument("--remeasure", action="store_true",
+                    help="(the default now: every run measures every cell; kept so old commands run)")
+    ap.add_argument("--results-dir", type=results_root, default=None)
+    add_resume(ap)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("flash-grid needs a CUDA GPU (cuDNN and the compiled kernels)")
+    require_gpu(ap, flag=None, cpu_smoke=False)
     store = open_store(ap, BENCH, KEY, root=args.results_dir)
     impls = [i for i in IMPLS if i in args.impls]  # cuDNN first whatever the order given
     cells = [{"batch": b, "heads": h, "seq": n, "d": d, "causal": c == "causal", "dtype": "bf16"}
@@ -155,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     start, written = time.monotonic(), []
     for i, cell in enumerate(cells):
         if args.budget_s is not None and time.monotonic() - start > args.budget_s:
-            print(f"[flash-grid] budget spent: {len(cells) - i} cells left (run again to resume)", file=sys.stderr)
+            print(f"[flash-grid] budget spent: {len(cells) - i} cells left (the same command with --resume "
+                  f"{store.invocation} measures them)", file=sys.stderr)
             return 3
         measure_cell(store, cell, impls, args, written)
     return exit_code(written, BENCH)

@@ -112,7 +112,7 @@ def gluon_pieces(q4, k4, v4, step) -> dict[str, Callable[[], object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cs336_systems.bench.cli import Parser, at_least, open_store
+    from cs336_systems.bench.cli import Parser, at_least, open_store, require_gpu, results_root
 
     ap = Parser(prog="host_overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=at_least(1), default=16)
@@ -121,15 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--d", type=at_least(1), default=64)
     ap.add_argument("--calls", type=at_least(1), default=50, help="calls per timing (all queued behind one GPU spin)")
     ap.add_argument("--rounds", type=at_least(1), default=5, help="timings per piece; the median is reported")
-    ap.add_argument("--results-dir", default=None)
+    ap.add_argument("--results-dir", type=results_root, default=None)
     ap.add_argument("--profile", default=None, metavar="FILE", help="write a cProfile of the eager step to FILE")
     args = ap.parse_args(argv)
     if args.profile and not Path(args.profile).resolve().parent.is_dir():
         ap.error(f"--profile: the folder of {args.profile} does not exist")
     if args.batch % args.heads:
         ap.error(f"--heads must divide --batch, got {args.heads} and {args.batch}")
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU (it times the host against a busy GPU)")
+    require_gpu(ap, flag=None, cpu_smoke=False)
     store = open_store(ap, BENCH, ["run", "piece"], root=args.results_dir)
     run = time.strftime("%Y%m%dT%H%M%S")
     for name, fn in pieces(args.batch, args.heads, args.seq, args.d).items():

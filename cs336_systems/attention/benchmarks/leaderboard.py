@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, csv_of, open_store, positive
+from cs336_systems.bench.cli import Parser, at_least, csv_of, open_store, positive, require_gpu, results_root
 from cs336_systems.bench.sweep import exit_code, free_memory, is_oom
 from cs336_systems.bench.timing import gpu_bench
 from cs336_systems.profiling.clocks import ClockSampler
@@ -112,13 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", type=csv_of(choices=IMPLS), default=list(IMPLS),
                     help=f"comma-separated subset of {','.join(IMPLS)}")
     ap.add_argument("--tolerance", type=positive(float), default=2e-2, help="max relative error vs cuDNN")
-    ap.add_argument("--results-dir", default=None)
+    ap.add_argument("--results-dir", type=results_root, default=None)
     args = ap.parse_args(argv)
     impls = list(args.impls)
     if args.batch % args.heads:
         ap.error(f"--heads must divide --batch, got {args.heads} and {args.batch}")
-    if not torch.cuda.is_available():
-        ap.error("the leaderboard needs a CUDA GPU")
+    require_gpu(ap, flag=None, cpu_smoke=False)
 
     store = open_store(ap, BENCH, ["impl", "mode", "run"], root=args.results_dir)
     written = []

@@ -13,11 +13,21 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import torch
 
-from cs336_systems.bench.cli import Parser, at_least, check_cuda, csv_of, open_store, positive
+from cs336_systems.bench import fit
+from cs336_systems.bench.cli import (
+    Parser,
+    add_resume,
+    at_least,
+    csv_of,
+    given,
+    open_store,
+    positive,
+    require_gpu,
+    results_root,
+)
 from cs336_systems.bench.timing import synchronize, time_steps
 from cs336_systems.model import naive_attention
 from cs336_systems.profiling.budget import run_budgeted
@@ -91,6 +101,17 @@ def measure(attn, batch: int, seq: int, d: int, *, steps: int, warmup: int, devi
 # --8<-- [end:measure]
 
 
+def check_fit(p, args, cells) -> None:
+    """Refuse a cell whose hand-counted backward peak exceeds the device (or this host's RAM),
+    unless --allow-oom: the sweep's probes past the GPU's memory are asked for with it."""
+    have, where = fit.capacity_bytes(args.device)
+    for cell in cells:
+        peak = attention_memory(cell["batch"], cell["seq"], cell["d"])["backward_peak"]
+        need = fit.StepMemory(peak, {"inputs, outputs, gradients and four (batch, seq, seq) scores": peak})
+        fit.refuse_unless_fits(p, args, need, have, where,
+                           f"--batch {cell['batch']} --ds/--probe-d {cell['d']} --seqs/--probe-seqs {cell['seq']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="attention", description=__doc__.splitlines()[0])
     p.add_argument("--ds", type=csv_of(at_least(1)), default=[16, 32, 64, 128])
@@ -102,18 +123,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=at_least(1), default=8)
     p.add_argument("--steps", type=at_least(1), default=100)
     p.add_argument("--warmup", type=at_least(0), default=3)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--results-dir", type=Path, default=None)
+    p.add_argument("--device", default="cuda",
+                   help="cuda (a GPU benchmark), or cpu for its CPU smoke run with --results-dir")
+    p.add_argument("--results-dir", type=results_root, default=None)
     p.add_argument("--budget-s", type=positive(float), default=None)
+    add_resume(p)
+    fit.add_allow_oom(p)
     args = p.parse_args(argv)
     impls = args.impls
-    check_cuda(p, args.device)
+    require_gpu(p, args.device, args.results_dir)
+    if given(p, "probe_d") and (not args.probe_seqs or "eager" not in impls):
+        p.error("--probe-d sets the d of the --probe-seqs cells (eager only); this run has none")
     store = open_store(p, "attention/pytorch_attention", KEY, root=args.results_dir,
                        device="cpu" if torch.device(args.device).type != "cuda" else None)
     grid = [(d, s) for d in args.ds for s in args.seqs]
     probes = [(args.probe_d, s) for s in args.probe_seqs]  # eager only: where does memory run out?
     cells = [{"impl": i, "batch": args.batch, "d": d, "seq": s} for i in impls for d, s in grid]
     cells += [{"impl": "eager", "batch": args.batch, "d": d, "seq": s} for d, s in probes if "eager" in impls]
+    check_fit(p, args, cells)
     capacity = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
     def run(cell):
