@@ -21,6 +21,7 @@ from cs336_systems.distributed.ddp_bench import BENCH as STEPS
 from cs336_systems.distributed.ddp_bench import KEY as STEPS_KEY
 from cs336_systems.distributed.ddp_bench import TRACE_BENCH
 from cs336_systems.model import TransformerLM, get_config
+from cs336_systems.sharding import preset_accounting as pa
 from report import collectives, sharding
 from report.figures import plt
 from report.registry import register
@@ -386,6 +387,26 @@ def _xl_bytes() -> int:
     return sum(b for _, b in xl_tensor_bytes())
 
 
+def xl2026(device: str = GPU) -> dict[str, float]:
+    """The 2026 xl's gradients (our 2.7B: preset_accounting, the distributed chapters' one account of
+    that model), with the fit of o and w to the 2-GPU runs: the two terms of t_naive in ms."""
+    model = fitted_bucket_model(device)
+    n = pa.ddp_numbers(pa.XL_2026, bus_bytes_per_s=model.w)
+    return {**n, "fixed_ms": n["tensors"] * model.o * 1e3, "transfer_ms": n["allreduce_s"] * 1e3,
+            "knee_bytes": model.o * model.w}
+
+
+def _xl2026_naive_is_bandwidth_bound() -> bool:
+    """Fewer, larger tensors: the average above the knee o w, the fixed costs under half the transfer
+    (where the 2025 xl's two terms were about equal); and preset_accounting counts the 2025 xl's
+    tensors and bytes as this chapter does."""
+    x, old = xl2026(), pa.ddp_numbers(pa.XL_2025)
+    fixed, transfer = naive_terms_ms(GPU)
+    return (x["mean_tensor_bytes"] > x["knee_bytes"] and x["fixed_ms"] < x["transfer_ms"] / 2
+            and x["fixed_ms"] / x["transfer_ms"] < fixed / transfer and x["tensors"] < len(xl_tensor_bytes())
+            and old["tensors"] == len(xl_tensor_bytes()) and old["grad_bytes"] == _xl_bytes())
+
+
 # name: (device, configuration, column) -> the median over runs, in ms, no decimals
 _VALUES = {
     "gpu_compute_only_ms": (GPU, "compute-only", "step_ms"), "gpu_naive_step_ms": (GPU, "naive", "step_ms"),
@@ -475,6 +496,12 @@ register("ddp", facts={
     "cpu_grad_mb": lambda: f"{fitted_bucket_model(CPU).s / 2**20:.1f}",
     "gpu_grad_mb": lambda: f"{fitted_bucket_model(GPU).s / 2**20:,.0f}",
     "xl_tensors": lambda: len(xl_tensor_bytes()),
+    "xl2026_params_b": lambda: f"{xl2026()['params'] / 1e9:.2f}",
+    "xl2026_tensors": lambda: f"{xl2026()['tensors']}",
+    "xl2026_grad_gb": lambda: f"{xl2026()['grad_bytes'] / 1e9:.1f}",
+    "xl2026_avg_tensor_mb": lambda: f"{xl2026()['mean_tensor_bytes'] / 2**20:.0f}",
+    "xl2026_naive_fixed_ms": lambda: f"{xl2026()['fixed_ms']:.0f}",
+    "xl2026_transfer_ms": lambda: f"{xl2026()['transfer_ms']:.0f}",
     "xl_d_model": lambda: f"{get_config('xl').d_model:,}",
     "xl_params_b": lambda: f"{_xl_bytes() / 4e9:.2f}",
     "xl_grad_gb": lambda: f"{_xl_bytes() / 1e9:.1f}",
@@ -528,6 +555,7 @@ register("ddp", facts={
     # between the two runs: the other benchmark agrees with this one's noise
     "sharding_benchmark_between_the_runs": lambda: per_run(GPU, "step_ms")["torch-ddp"].min()
     <= sharding.measured_step_ms("ddp", GPU) <= per_run(GPU, "step_ms")["torch-ddp"].max(),
+    "xl2026_naive_is_bandwidth_bound": _xl2026_naive_is_bandwidth_bound,
     "naive_one_call_per_tensor": lambda: _value(GPU, "naive", "allreduce_calls") == len(xl_tensor_bytes()),
     "best_cap_per_run": lambda: _caps_step(1).idxmin() == "bucketed 100 MB" and _caps_step(2).idxmin() == "bucketed 1000 MB",
     "best_cap_within_a_few_percent": lambda: best_cap_vs_torch(GPU).abs().max() < 0.03,  # a few: under 3%

@@ -1,6 +1,7 @@
 """The memory chapter's numbers (docs/memory.md, docs/memory/checkpointing.md): peaks of the 2.7B
 model by context, the snapshot's largest allocations, the residual stream, one block's residuals,
-and gradient checkpointing (the strategies' modelled costs, the H200 sweep over block sizes).
+and gradient checkpointing (the strategies' modelled costs, the H200 sweep over block sizes, and
+the arithmetic of checkpointing inside a block, whose H200 rows are not yet measured).
 
 Rows: results/memory/. Hand counts come from the model's config and code (sharding.accounting
 counts what autograd saves, on the meta device); checkpoint_theory models the strategies.
@@ -17,12 +18,17 @@ import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.profiling import checkpoint_theory as theory
+from cs336_systems.profiling.checkpoint_bench import SUBLAYER_BENCH
 from cs336_systems.profiling.memory import residual_stream_bytes, thin_max
 from cs336_systems.profiling.residuals import block_parameter_bytes, block_residuals
-from cs336_systems.sharding.accounting import transformer_activation_bytes
+from cs336_systems.sharding.accounting import (
+    block_sublayer_bytes,
+    branch_backward_bytes,
+    transformer_activation_bytes,
+)
 from report.figures import new_figure
 from report.registry import register
-from report.results import load_results, markdown_table, newest, ok, with_source
+from report.results import load_results, markdown_table, newest, ok, rows_if_any, with_source
 from report.units import GiB, MiB, near
 
 SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures: the 2026 handout's xl
@@ -339,6 +345,65 @@ def _strategies_ordered() -> bool:
             and all(abs(growth(n, "peel") / 4 - 1) < 0.05 and growth(n, "binary") < 2.5 for n in (64, 128)))
 
 
+# ---- finer than a block: the attention or feed-forward branch alone, or each (k = 1/2) ----------
+
+def branch_bytes() -> dict[str, int]:
+    """A_attn, A_ffn: what each residual branch of one block saves (its norm included)."""
+    return block_sublayer_bytes(CKPT, BATCH, CONTEXT)
+
+
+def granularity() -> pd.DataFrame:
+    """checkpoint_theory.granularity_table at the problem's setting: no checkpointing, k = 1 and the
+    three sub-block granularities, with the walked backward peak and the recomputed share."""
+    A = branch_bytes()
+    flops = theory.branch_flops(CKPT.d_model, CKPT.d_ff, CONTEXT, BATCH * CONTEXT)
+    return pd.DataFrame(theory.granularity_table(LAYERS, A["attn"], A["ffn"], checkpoint_bytes(),
+                                                 working_set=branch_backward_bytes(CKPT, BATCH, CONTEXT),
+                                                 flops=flops)).set_index("checkpointed", drop=False)
+
+
+def _granular(kept: str, column: str) -> float:
+    return float(granularity().loc[kept, column])
+
+
+def _by_k(k: int, column: str) -> float:
+    df = granularity()
+    return float(df[(df["k"] == k) & (df["checkpointed"] == "none")][column].iloc[0])
+
+
+def granularity_table_md() -> str:
+    df = granularity()
+    table = pd.DataFrame({
+        "granularity": df["granularity"],
+        "peak of the residuals (GiB)": df["residual_peak_bytes"] / GiB,
+        "peak of the backward, walked (GiB)": df["backward_peak_bytes"] / GiB,
+        "forward recomputed": df["recomputed"].map(lambda x: f"{x:.0%}")})
+    return markdown_table(table, floatfmt=".2f") + (
+        f"\n\n*Activations only (the parameters, gradients and what lies outside the blocks come on "
+        f"top), by formula: `checkpoint_theory.granularity_table` with `accounting.block_sublayer_bytes` "
+        f"and `branch_backward_bytes`, for our `{SIZE}` at batch {BATCH}, context {CONTEXT:,}, fp32.*")
+
+
+def _half_block_peaks_above_one_block() -> bool:
+    """k = 1/2 keeps 2 L c and holds max(A_attn, A_ffn) at once, k = 1 keeps L c and holds A:
+    above it exactly when min(A_attn, A_ffn) < L c, which holds here; the walked backward agrees."""
+    A, Lc = branch_bytes(), LAYERS * checkpoint_bytes()
+    half, one = "attn+ffn", 1
+    return (min(A.values()) < Lc and _granular(half, "residual_peak_bytes") > _by_k(one, "residual_peak_bytes")
+            and _granular(half, "backward_peak_bytes") > _by_k(one, "backward_peak_bytes")
+            and _granular(half, "residual_peak_bytes") - _by_k(one, "residual_peak_bytes")
+            == Lc + max(A.values()) - sum(A.values()))
+
+
+def _one_branch_keeps_the_other() -> bool:
+    """Checkpointing one branch keeps every block's other branch: each peak over five times k = 1's
+    (walked), and below no checkpointing's; attention alone recomputes under half the forward."""
+    one, none = _by_k(1, "backward_peak_bytes"), _by_k(0, "backward_peak_bytes")
+    return (all(5 * one < _granular(b, "backward_peak_bytes") < none for b in ("attn", "ffn"))
+            and _granular("attn", "recomputed") < 0.5 < _granular("ffn", "recomputed")
+            and _granular("attn", "backward_peak_bytes") < _granular("ffn", "backward_peak_bytes"))
+
+
 def rows() -> pd.DataFrame:
     """The newest row per block size at the handout's setting, in order of k."""
     df = load_results("memory/checkpointing")
@@ -477,12 +542,23 @@ register(
         "ckpt_step_s_min": lambda: f"{ok_rows()['median_ms'].min() / 1e3:.2f}",
         "ckpt_step_s_max": lambda: f"{ok_rows()['median_ms'].max() / 1e3:.2f}",
         "ckpt_step_spread_pct": lambda: f"{100 * (ok_rows()['median_ms'].max() / ok_rows()['median_ms'].min() - 1):.0f}",
+        "ckpt_attn_branch_gib": lambda: f"{branch_bytes()['attn'] / GiB:.2f}",
+        "ckpt_ffn_branch_gib": lambda: f"{branch_bytes()['ffn'] / GiB:.2f}",
+        "ckpt_all_inputs_gib": lambda: f"{LAYERS * checkpoint_bytes() / GiB:.2f}",
+        "ckpt_half_walked_gib": lambda: f"{_granular('attn+ffn', 'backward_peak_bytes') / GiB:.1f}",
+        "ckpt_one_walked_gib": lambda: f"{_by_k(1, 'backward_peak_bytes') / GiB:.1f}",
+        "ckpt_half_residual_gib": lambda: f"{_granular('attn+ffn', 'residual_peak_bytes') / GiB:.2f}",
+        "ckpt_one_residual_gib": lambda: f"{_by_k(1, 'residual_peak_bytes') / GiB:.2f}",
+        "ckpt_attn_alone_walked_gib": lambda: f"{_granular('attn', 'backward_peak_bytes') / GiB:.0f}",
+        "ckpt_ffn_alone_walked_gib": lambda: f"{_granular('ffn', 'backward_peak_bytes') / GiB:.0f}",
+        "ckpt_attn_recomputed": lambda: f"{_granular('attn', 'recomputed'):.0%}",
     },
     tables={
         "peaks": peaks_table, "start": start_table, "residual_derivation": residual_derivation,
         "residual_sites": residual_sites_table, "largest_forward": lambda: largest_table("forward", 8),
         "largest_train": lambda: largest_table("train"), "block_saved": block_saved_table,
         "ckpt_strategies": strategy_table, "ckpt_block_sizes": block_size_table,
+        "ckpt_granularity": granularity_table_md,
     },
     figures={
         "timeline_512_train": lambda: timeline_figure(512, "train"),
@@ -551,6 +627,10 @@ register(
         and rows().iloc[-1]["status"] == "oom",
         "step_time_ignores_k": lambda: ok_rows()["median_ms"].max() / ok_rows()["median_ms"].min() - 1 < 0.10,
         # within 0.1 GiB, far below one block's residuals (a leaked graph of a forward is GiBs)
+        "branches_add_to_a_block": lambda: sum(branch_bytes().values()) == block_bytes(),
+        "half_block_peaks_above_one_block": _half_block_peaks_above_one_block,
+        "one_branch_keeps_the_other": _one_branch_keeps_the_other,
+        "sublayers_not_yet_measured": lambda: rows_if_any(SUBLAYER_BENCH).empty,
         "every_cell_starts_alike": lambda: ok_rows()["params_gib"].max() - ok_rows()["params_gib"].min() < 0.1
         and ok_rows()["warmup"].nunique() == 1 and ok_rows()["steps"].nunique() == 1,
     },

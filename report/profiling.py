@@ -11,14 +11,17 @@ import pandas as pd
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.model import TransformerLM, count_parameters, get_config
-from cs336_systems.model.config import PRESETS
+from cs336_systems.model.config import PRESETS, edition_presets
+from cs336_systems.profiling.context_probe import BENCH as PROBE_BENCH
 from cs336_systems.profiling.kernel_attribution import ATTRIBUTION, RANGE_TOLERANCE
+from cs336_systems.profiling.kernel_sweep import LONGEST_CELLS, LONGEST_KERNELS
 from cs336_systems.profiling.nvtx import attention_flops
+from cs336_systems.profiling.phase_timing import step_memory
 from cs336_systems.profiling.sweeps import warmup_stats
 from cs336_systems.profiling.torch_profile import is_matmul, short_name
 from report.figures import new_figure
 from report.registry import register
-from report.results import load_results, newest, ok, with_source
+from report.results import load_results, newest, ok, rows_if_any, with_source
 from report.units import listed, pm, span
 
 SIZES = list(PRESETS)  # small ... 2.7B
@@ -330,10 +333,52 @@ def _collisions_explain_inflation() -> bool:
     return len(hit) > 0 and hit["colliding CPU ids"].min() > c.drop(hit.index)["colliding CPU ids"].max()
 
 
+# -- the 2026 edition: its five sizes, 10B among them (phases and longest-fit rows not yet measured) --
+
+SIZES_2026 = edition_presets("2026")  # small, medium, large, 2.7B (the 2026 "xl"), 10B
+PHASES_BENCH = "end-to-end/phases"
+PHASE_BATCH, PHASE_CONTEXT = 4, 512  # the phases part's cells (profiling/sweeps.py: batch 4, --context)
+FP32_ADAMW_BYTES = 16  # per parameter: fp32 weights, gradients and AdamW's two moments
+
+
+def ten_b_memory() -> dict:
+    """The 10B training step's fp32 arithmetic at the phases part's cell (phase_timing.step_memory)."""
+    return step_memory(get_config("10B"), mode="train", batch=PHASE_BATCH, context=PHASE_CONTEXT)
+
+
+def h200_capacity_gib() -> float:
+    """The H200's memory as its own out-of-memory message states it (the memory chapter's reading)."""
+    from report import memory
+
+    return memory.capacity_gib()
+
+
+def _ten_b_training_cannot_fit() -> bool:
+    """Weights, gradients and two moments are 16 bytes per parameter, over the H200's memory; the
+    weights and gradients alone (8 bytes) are under it: AdamW's moments are what cannot fit."""
+    m, cap = ten_b_memory(), h200_capacity_gib()
+    n = count_parameters(get_config("10B"))["total"]
+    state = m["weights_gib"] + m["grads_gib"] + m["adamw_gib"]
+    return (abs(state * 2**30 - FP32_ADAMW_BYTES * n) < 1 and m["params"] == n and state > cap
+            and m["weights_gib"] + m["grads_gib"] < cap)
+
+
+def _the_2026_table() -> bool:
+    """The 2026 handout's sizes, as our presets: its xl is our 2.7B, its 10B 4608 wide, d_ff 12288,
+    50 layers, 36 heads."""
+    ten = get_config("10B")
+    return (SIZES_2026 == ["small", "medium", "large", "2.7B", "10B"]
+            and (ten.d_model, ten.d_ff, ten.num_layers, ten.num_heads) == (4608, 12288, 50, 36))
+
+
 register(
     "profiling",
     facts={
         "peak_fp32_tflops": lambda: f"{peak_flops('NVIDIA H200', 'fp32') / 1e12:.0f}",
+        "params_10b_b": lambda: f"{count_parameters(get_config('10B'))['total'] / 1e9:.2f}",
+        "weights_grads_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib'] - ten_b_memory()['adamw_gib']:.0f}",
+        "train_state_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib']:.0f}",
+        "h200_capacity_gib": lambda: f"{h200_capacity_gib():.1f}",
         "peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
         # (b)
         "fb_cv_max": lambda: f"{e2e_ratios().fb_cv.max():.1%}",
@@ -428,6 +473,11 @@ register(
                                                       for name in ("softmax_warp_forward", "elementwise_kernel", "Memcpy DtoD")),
         "softmax_is_memory_bound": lambda: (attention_region_rows().per_flop > 10).all()
         and (attention_region_rows().flop_ratio < 0.05).all(),
+        # the 2026 edition
+        "the_2026_table": _the_2026_table,
+        "ten_b_training_cannot_fit": _ten_b_training_cannot_fit,
+        "phases_not_yet_measured": lambda: rows_if_any(PHASES_BENCH).empty,
+        "longest_fit_not_yet_measured": lambda: all(rows_if_any(b).empty for b in (PROBE_BENCH, LONGEST_CELLS, LONGEST_KERNELS)),
         # double-count.md
         "first_run_overcounted_rerun_fits": lambda: len(marked_rows()) > 0
         and (marked_rows()["first: kernels / range"] > 1).all()

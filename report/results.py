@@ -36,6 +36,14 @@ def load_results(bench: str, device: str = "nvidia-h200", *, root: str | Path | 
     return df.reset_index(drop=True)
 
 
+def rows_if_any(bench: str, device: str = GPU) -> pd.DataFrame:
+    """The rows of a results file, or no rows where the file does not exist: for a claim that a run
+    a page calls "not yet measured" still has no rows (the claim turns false when they arrive, so the
+    sentence gets rewritten). Tables read `load_results`, which fails on a missing file."""
+    path = results_path(bench, device, RESULTS_ROOT)
+    return load_results(bench, device) if path.exists() else pd.DataFrame()
+
+
 def ok(bench: str, device: str = GPU) -> pd.DataFrame:
     """The rows of one results file that ran (status "ok")."""
     return load_results(bench, device, status="ok")

@@ -14,6 +14,7 @@ import pandas as pd
 
 from cs336_systems.model import count_parameters, get_config
 from cs336_systems.sharding import accounting as acc
+from cs336_systems.sharding import preset_accounting as pa
 from cs336_systems.sharding.sharding_bench import (
     COMM_BENCH,
     MEMORY_BENCH,
@@ -115,6 +116,41 @@ def computed_memory_table(size: str = "xl", world_size: int = 2, batch_per_rank:
                                             "optimizer_state": "optimizer state (GiB)",
                                             "activations": "activations (GiB)", "total": "total (GiB)"})
     return markdown_table(df, floatfmt=".2f")
+
+
+POINT_WORDS = {"after_init": "after initialisation", "before_step": "before the optimizer step",
+               "after_step": "after the optimizer step"}
+
+
+def points_2026() -> dict[str, dict[str, dict[str, float]]]:
+    """optimizer_state_sharding_accounting (a) for the 2026 xl (our 2.7B), the course's setting:
+    bytes per rank by kind at the three points, DDP + AdamW and the course's sharded optimizer."""
+    return {stage: pa.memory_at_points(pa.XL_2026, stage) for stage in ("ddp", "sharded")}
+
+
+def points_2026_table() -> str:
+    rows = []
+    for stage, name in (("ddp", "DDP + AdamW"), ("sharded", "course ShardedOptimizer")):
+        for point, kinds in points_2026()[stage].items():
+            rows.append({"method": name, "point": POINT_WORDS[point], "params (GiB)": kinds["params"] / GiB,
+                         "grads (GiB)": kinds["grads"] / GiB, "optimizer state (GiB)": kinds["optimizer_state"] / GiB,
+                         "activations (GiB)": kinds["activations"] / GiB, "sum (GiB)": kinds["total"] / GiB})
+    return markdown_table(pd.DataFrame(rows), floatfmt=".2f")
+
+
+def _points_2026_as_for_the_2025_xl() -> bool:
+    """The 2026 xl's points follow the same shape: the sharded state half of DDP's after the step,
+    everything else the same, and the saving larger than the 2025 xl's (more parameters); and
+    preset_accounting agrees with this chapter's formula for the 2025 xl."""
+    p = points_2026()
+    ddp, sharded = p["ddp"], p["sharded"]
+    same = all(ddp[pt][k] == sharded[pt][k] for pt in ddp for k in ("params", "grads", "activations"))
+    saved = ddp["after_step"]["optimizer_state"] - sharded["after_step"]["optimizer_state"]
+    old = pa.memory_at_points(pa.XL_2025, "ddp")["after_step"]
+    ref = acc.transformer_memory(get_config("xl", 512), 2, 2, "ddp", context=512)
+    return (same and sharded["after_step"]["optimizer_state"] * 2 == ddp["after_step"]["optimizer_state"]
+            and saved > old["optimizer_state"] / 2 and old["optimizer_state"] == ref.optimizer_state
+            and p["ddp"]["before_step"]["activations"] == pa.fsdp_saving(pa.XL_2026)["activations"])
 
 
 def zero_bytes_table(world_sizes=(1, 2, 8, 64)) -> str:
@@ -252,6 +288,12 @@ register("sharding", facts={
     "cpu_rs_ag_over_ar": lambda: f"{rs_ag_over_ar(CPU):.1f}",
     "cpu_opt_zero1_ms": lambda: f"{_time(CPU, 'zero1', 'optimizer_step_ms'):.0f}",
     "cpu_opt_ddp_ms": lambda: f"{_time(CPU, 'ddp', 'optimizer_step_ms'):.0f}",
+    "xl2026_params_gib": lambda: _gib(points_2026()["ddp"]["after_init"]["params"]),
+    "xl2026_acts_gib": lambda: _gib(points_2026()["ddp"]["before_step"]["activations"]),
+    "xl2026_state_ddp_gib": lambda: _gib(points_2026()["ddp"]["after_step"]["optimizer_state"]),
+    "xl2026_state_sharded_gib": lambda: _gib(points_2026()["sharded"]["after_step"]["optimizer_state"]),
+    "xl2026_after_ddp_gib": lambda: _gib(points_2026()["ddp"]["after_step"]["total"]),
+    "xl2026_after_sharded_gib": lambda: _gib(points_2026()["sharded"]["after_step"]["total"]),
     "xl_d_model": lambda: f"{get_config('xl').d_model:,}",
     "xl_params_b": lambda: f"{count_parameters(get_config('xl'))['total'] / 1e9:.2f}",
 }, tables={
@@ -260,7 +302,9 @@ register("sharding", facts={
     "gpu_collectives": lambda: measured_collectives_table(GPU), "cpu_collectives": lambda: measured_collectives_table(CPU),
     "zero_bytes": zero_bytes_table, "communication": lambda: communication_table("xl", world_sizes=(2, 8)),
     "computed_memory": lambda: computed_memory_table("xl", world_size=2, batch_per_rank=2, context=512),
+    "points_2026": points_2026_table,
 }, claims={
+    "points_2026_as_for_the_2025_xl": _points_2026_as_for_the_2025_xl,
     "three_points_as_expected": _three_points_as_expected,
     # within 1%: AdamW's per-tensor step counters and the uneven split of whole tensors
     "sharding_halves_the_state": lambda: all(abs(state_ratio(d, m) - 0.5) <= 0.01 for d in (GPU, CPU) for m in SHARDED),

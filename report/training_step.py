@@ -3,19 +3,32 @@ the package's formulas (cs336_systems/training_step/arithmetic.py, memory_budget
 fused pieces measured on one H200: the LM head + cross-entropy (`just bench fused-ce`,
 results/training_step/fused_ce) and the AdamW step (`just bench fused-adamw`,
 results/training_step/fused_adamw); and one GPU's share of the whole step (`just bench training-step
---batch 1 --world-size 1`, results/training-step). The two-GPU step has no rows yet."""
+--batch 1 --world-size 1`, results/training-step). The two-GPU step has no rows yet.
+
+The checkpoint plans (checkpoint_plan.py) are arithmetic here too: what one block keeps and
+recomputes per mode (memory_budget.block_bytes_per_token, arithmetic.recompute_flops_per_token),
+and the plans `--sweep` would try for one H200's memory (plan_search.sweep_plans, built the way
+bench.py builds them); their H200 rows, and the `--profile` breakdown's, are not yet measured."""
 
 from __future__ import annotations
 
+import functools
+import math
+
 import pandas as pd
+import torch
 
 from cs336_systems.model import get_config
-from cs336_systems.training_step import adamw_bench, arithmetic, ce_bench
-from cs336_systems.training_step.memory_budget import GIB, Layout, budget
+from cs336_systems.training_step import adamw_bench, arithmetic, ce_bench, step_profile
+from cs336_systems.training_step.checkpoint_plan import parse_plan
+from cs336_systems.training_step.memory_budget import GIB, Layout, block_bytes_per_token, budget
+from cs336_systems.training_step.plan_search import LEVELS, Candidate, plan_recompute_flops, sweep_plans
+from cs336_systems.training_step.train_step import StepOptions
+from cs336_systems.training_step.variants import recipe_of, with_plan
 from report.flash_grid import step
 from report.registry import register
 from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
-from report.results import load_results, markdown_table, newest, provenance_line, source
+from report.results import load_results, markdown_table, newest, provenance_line, rows_if_any, source
 
 CFG = get_config("8B")
 BATCH, CONTEXT, GPUS = 2, 32_768, 2
@@ -261,6 +274,132 @@ FACTS = {
 }
 
 
+# -- checkpoint plans, by arithmetic: one GPU's share (one sequence, unsharded, bf16, compiled blocks) --
+
+SWEEP_N = 3  # the plans a `--sweep 3` run tries per variant
+MODES = ("full", "selective", "selective+qkv", "selective+out", "selective+w13", "selective+qkv+out+w13", "none")
+MODE_WORDS = {"full": "the block's input", "selective": "the input, the attention's O and L",
+              "selective+qkv": "… and the q, k, v projections", "selective+out": "… and the output projection",
+              "selective+w13": "… and SwiGLU's W1 x and W3 x",
+              "selective+qkv+out+w13": "… and every matmul output the backward reads",
+              "none": "what the compiled block's partitioner keeps"}
+
+
+def one_gpu_options() -> StepOptions:
+    """What `just bench training-step --batch 1 --world-size 1` builds with on a GPU: bf16,
+    compiled blocks, no sharding (bench.py's defaults)."""
+    return StepOptions(dtype=torch.bfloat16, compile=True)
+
+
+def one_gpu_recipe(variant: str):
+    return recipe_of(variant, one_gpu_options(), CFG, 1, "cuda")
+
+
+def mode_rows() -> pd.DataFrame:
+    """Per checkpoint mode, one block of ours at one sequence: the bytes it keeps for its backward
+    (certain and likely: they differ for a compiled kept block) and the FLOPs it recomputes."""
+    layout = one_gpu_recipe("ours").layout(torch.bfloat16)
+    rows = []
+    for mode in MODES:
+        certain, likely = block_bytes_per_token(CFG, layout, mode, CONTEXT)
+        rows.append({"mode": mode, "kept": MODE_WORDS[mode], "certain": certain * CONTEXT, "likely": likely * CONTEXT,
+                     "recomputed": arithmetic.recompute_flops_per_token(CFG, mode, CONTEXT, compiled=True) * CONTEXT})
+    return pd.DataFrame(rows).set_index("mode", drop=False)
+
+
+def mode_table() -> str:
+    df = mode_rows()
+    table = pd.DataFrame({
+        "mode": [f"`{m}`" for m in df["mode"]], "kept for the backward": df["kept"],
+        "GiB per block": [f"{c / GIB:.2f}" if c == li else f"{c / GIB:.2f} to {li / GIB:.2f}"
+                          for c, li in zip(df["certain"], df["likely"])],
+        "recomputed (TFLOP per block)": df["recomputed"] / 1e12})
+    return markdown_table(table, floatfmt=".2f") + (
+        f"\n\n*By formula (`memory_budget.block_bytes_per_token`, `arithmetic.recompute_flops_per_token`): one "
+        f"block of the 8B model, one sequence of {CONTEXT:,} tokens, bf16, compiled; matmul and attention FLOPs "
+        "only. A kept compiled block saves what Inductor's partitioner chooses: at least the first number, "
+        "likely the second.*")
+
+
+def sweep_capacity_gib() -> float:
+    """One H200's memory as its own out-of-memory message states it (the memory chapter's reading)."""
+    from report import memory
+
+    return memory.capacity_gib()
+
+
+@functools.cache
+def sweep(variant: str) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:
+    """The plans `--sweep 3 --batch 1 --world-size 1 --memory-per-rank-gib <capacity>` tries for
+    `variant`, as bench._sweep chooses them, and those it skips."""
+    base = one_gpu_recipe(variant)
+    chosen, skipped = sweep_plans(CFG, lambda p: with_plan(base, p.text).layout(torch.bfloat16), 1, 1, CONTEXT,
+                                  float(f"{sweep_capacity_gib():.1f}") * GIB, SWEEP_N)
+    return tuple(chosen), tuple(skipped)
+
+
+def full_plan_recompute_flops() -> int:
+    """What every block fully checkpointed (the measured rows' plan, full:34) recomputes."""
+    return plan_recompute_flops(CFG, parse_plan(f"full:{CFG.num_layers}", CFG.num_layers), CONTEXT, CONTEXT,
+                                compiled=True)
+
+
+def sweep_table() -> str:
+    rows = []
+    for variant in ("stock", "ours"):
+        chosen, _ = sweep(variant)
+        for i, c in enumerate(chosen):
+            rows.append({"variant": variant, "order": i + 1, "plan": f"`{c.plan.text}`", "blocks kept": c.kept_blocks,
+                         "estimated peak (GiB)": c.budget.estimate / GIB, "recomputed (TFLOP)": c.recompute_flops / 1e12})
+    return markdown_table(pd.DataFrame(rows), floatfmt=".1f") + (
+        f"\n\n*Predicted by formula (`plan_search.sweep_plans`, `memory_budget.budget`) for one sequence of "
+        f"{CONTEXT:,} tokens on one GPU of {sweep_capacity_gib():.1f} GiB, bf16, compiled blocks; the first row of "
+        "each variant is its predicted best, the others the neighbouring numbers of kept blocks.*")
+
+
+def _attention_is_half_of_a_full_recompute() -> bool:
+    df = mode_rows()
+    attention = df.loc["full", "recomputed"] - df.loc["selective", "recomputed"]
+    return (attention == 2 * CONTEXT * CFG.d_model * CONTEXT and 0.4 < attention / df.loc["full", "recomputed"] < 0.5
+            and all(df.loc[m, "recomputed"] < df.loc["selective", "recomputed"] for m in MODES[2:])
+            and df.loc["none", "recomputed"] == 0)
+
+
+def _best_plans_never_fully_checkpoint() -> bool:
+    """At one H200's memory, no plan the sweep tries for either variant checkpoints a block fully
+    (so none recomputes an attention forward), every one is predicted to fit, and none is skipped
+    for the first numbers of kept blocks."""
+    cap = float(f"{sweep_capacity_gib():.1f}") * GIB
+    return all(len(sweep(v)[0]) == SWEEP_N and all(c.plan.count("full") == 0 and c.budget.estimate <= cap for c in sweep(v)[0])
+               for v in ("stock", "ours"))
+
+
+def _best_recomputes_a_fraction_of_full() -> bool:
+    """Both variants' best plans recompute the same FLOPs (the same modes, in other counts of kept
+    blocks), under a fifth of what every block fully checkpointed recomputes."""
+    stock, ours = (sweep(v)[0][0].recompute_flops for v in ("stock", "ours"))
+    return stock == ours < full_plan_recompute_flops() / 5
+
+
+def sweep_margin_gib() -> float:
+    """The most memory a plan the sweep tries leaves unused, by its estimate."""
+    cap = float(f"{sweep_capacity_gib():.1f}") * GIB
+    return max(cap - c.budget.estimate for v in ("stock", "ours") for c in sweep(v)[0]) / GIB
+
+
+def estimate_error_gib() -> float:
+    """By how much the budget's estimate exceeded the measured peak of the one-GPU rows."""
+    return _one_estimate("estimate") - float(one_gpu_rows().peak_allocated_gib.max())
+
+
+def _plans_not_yet_measured() -> bool:
+    """No H200 row of a plan with a selective block, and no profile rows: the plans, the sweep and
+    the breakdown are not yet measured."""
+    rows = load_results(STEP_BENCH)
+    return (not any("selective" in str(f.get("checkpoint", "")) for f in rows["flags"])
+            and rows_if_any(step_profile.BENCH).empty)
+
+
 H200_GIB = 139  # the usable memory the page states for one H200 (about 139 GiB of 141 GB)
 _fits = lambda name: budget_of(LAYOUTS[name]).estimate < H200_GIB * GIB
 
@@ -283,9 +422,30 @@ def _one_gpu_peaks_inside_the_budget() -> bool:
             and _one_estimate("lower_bound") < peaks.min() and peaks.max() < _one_estimate("estimate"))
 
 
+FACTS |= {
+    "mode_full_tflop": lambda: f'{mode_rows().loc["full", "recomputed"] / 1e12:.1f}',
+    "mode_selective_tflop": lambda: f'{mode_rows().loc["selective", "recomputed"] / 1e12:.1f}',
+    "mode_attention_share": lambda: f'{1 - mode_rows().loc["selective", "recomputed"] / mode_rows().loc["full", "recomputed"]:.0%}',
+    "sweep_capacity_gib": lambda: f"{sweep_capacity_gib():.1f}",
+    "sweep_best_stock": lambda: f"`{sweep('stock')[0][0].plan.text}`",
+    "sweep_best_ours": lambda: f"`{sweep('ours')[0][0].plan.text}`",
+    "sweep_best_tflop": lambda: f"{sweep('ours')[0][0].recompute_flops / 1e12:.0f}",
+    "full_plan_tflop": lambda: f"{full_plan_recompute_flops() / 1e12:.0f}",
+    "sweep_plan_count": lambda: f"{math.comb(CFG.num_layers + len(LEVELS) - 1, len(LEVELS) - 1):,}",
+    "sweep_margin_gib": lambda: f"{sweep_margin_gib():.1f}",
+    "estimate_error_gib": lambda: f"{estimate_error_gib():.1f}",
+}
+
 register("training_step", facts=FACTS, tables={
     "arithmetic": arithmetic_table, "budget": budget_table, "ce": ce_table, "adamw": adamw_table, "one_gpu": one_gpu_table,
+    "checkpoint_modes": mode_table, "sweep": sweep_table,
 }, claims={
+    "attention_is_half_of_a_full_recompute": _attention_is_half_of_a_full_recompute,
+    "best_plans_never_fully_checkpoint": _best_plans_never_fully_checkpoint,
+    "best_recomputes_a_fraction_of_full": _best_recomputes_a_fraction_of_full,
+    "plans_not_yet_measured": _plans_not_yet_measured,
+    # the margins are smaller than the estimate's one measured error: the arithmetic cannot decide
+    "sweep_estimates_near_the_memory": lambda: 0 < sweep_margin_gib() < estimate_error_gib(),
     "goal_is_about_half_the_datasheet_rate": lambda: 4.7e15 < flops() < 4.8e15 and 2.3 < seconds_at(1.0) < 2.5
     and 0.5 < mfu_at(GOAL_S) < 0.55,
     "plain_model_does_not_fit": lambda: budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).lower_bound / GIB > 10 * H200_GIB

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fnmatch import fnmatch
 from pathlib import Path
 
-from tests.chapters import CHAPTERS, chapter_of_page, chapters_of
+from tests.chapters import CHAPTERS, NOT_YET_MEASURED, chapter_of_page, chapters_of
 from tests.test_docs import nav_pages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,7 +16,8 @@ TESTS = ROOT / "tests"
 def test_every_glob_matches_a_file():
     dead = [(c.marker, g) for c in CHAPTERS for g in c.tests if not list(TESTS.glob(g))]
     dead += [(c.marker, g) for c in CHAPTERS for g in c.results if not list((ROOT / "results").glob(f"{g}/*.jsonl"))
-             and not g.startswith("fsdp") and not g.startswith("parallelism")]  # no two-GPU rows yet
+             and not g.startswith("fsdp") and not g.startswith("parallelism")  # no two-GPU rows yet
+             and g not in NOT_YET_MEASURED]
     assert dead == []
 
 

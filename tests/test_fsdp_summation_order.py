@@ -46,6 +46,7 @@ def gamma(n: int) -> float:
 
 # -- the arithmetic alone, emulated exactly --------------------------------------------------------
 
+# --8<-- [start:fma]
 def fma_lanes(a: np.ndarray, b: np.ndarray, lanes: int = 1, start: list | None = None) -> list[np.ndarray]:
     """sum_k a[k] (x) b[k] in `lanes` fp32 accumulators per element, row k going to lane k % lanes,
     one fused multiply-add per row in row order, from `start` (zeros if None). Emulated in float64:
@@ -58,6 +59,7 @@ def fma_lanes(a: np.ndarray, b: np.ndarray, lanes: int = 1, start: list | None =
         product = np.outer(a[k].astype(np.float64), b[k].astype(np.float64))
         acc[k % lanes] = (acc[k % lanes].astype(np.float64) + product).astype(np.float32)
     return acc
+# --8<-- [end:fma]
 
 
 def lanes_sum(acc: list[np.ndarray]) -> np.ndarray:
@@ -77,6 +79,7 @@ def _rows(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return g.standard_normal((ROWS, 11)).astype(np.float32), g.standard_normal((ROWS, 7)).astype(np.float32)
 
 
+# --8<-- [start:arithmetic]
 @pytest.mark.parametrize("lanes", [1, 2], ids=["one-chain", "two-lanes"])
 def test_one_sum_of_twenty_rows_is_not_two_sums_of_ten_added(lanes):
     dy, x = _rows()
@@ -91,6 +94,7 @@ def test_one_sum_of_twenty_rows_is_not_two_sums_of_ten_added(lanes):
     # The one split that reproduces the full sum: the second half continuing the first's accumulators.
     first = fma_lanes(dy[:HALF], x[:HALF], lanes)
     assert np.array_equal(lanes_sum(fma_lanes(dy[HALF:], x[HALF:], lanes, start=first)), full)
+# --8<-- [end:arithmetic]
 
 
 def backward_lanes() -> int | None:
@@ -195,6 +199,7 @@ def test_the_full_batch_gradient_is_not_the_mean_of_the_half_batch_ones():
     assert ((full["linear1.weight"] - mean["linear1.weight"]).abs().double() <= bound).all()
 
 
+# --8<-- [start:rows]
 @needs_known_order
 def test_the_rows_agree_and_only_the_sum_over_rows_differs():
     """Full batch against the mean of the two halves' gradients, in one process: the same row
@@ -209,6 +214,7 @@ def test_the_rows_agree_and_only_the_sum_over_rows_differs():
     assert torch.equal(full["linear1.weight"], torch.from_numpy(product(dy, xs, LANES)))
     split = product(dy[:HALF], xs[:HALF], LANES) + product(dy[HALF:], xs[HALF:], LANES)
     assert torch.equal(mean["linear1.weight"], torch.from_numpy(split.astype(np.float32)))
+# --8<-- [end:rows]
 
 
 def test_the_full_batch_reference_is_deterministic():

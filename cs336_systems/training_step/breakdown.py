@@ -57,6 +57,7 @@ ATTENTION_FORWARD = re.compile(
     r"|flash_attention_fwd|scaled_dot_product", re.I)
 
 
+# --8<-- [start:category]
 def kernel_category(name: str, phase: str, in_loss: bool) -> str:
     """The category of one kernel (module docstring) from its phase, whether it was launched in
     the loss head, and its name."""
@@ -73,6 +74,7 @@ def kernel_category(name: str, phase: str, in_loss: bool) -> str:
     if is_matmul(name):
         return "matmul"
     return "elementwise and norms"
+# --8<-- [end:category]
 
 
 def _inside(spans: list[tuple[float, float]], t: float) -> bool:

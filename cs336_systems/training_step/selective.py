@@ -56,6 +56,7 @@ GROUP_MATMULS = {"qkv": ("q", "k", "v"), "out": ("out",), "w13": ("w1", "w3")}
 MM = torch.ops.aten.mm.default
 
 
+# --8<-- [start:policy]
 class BlockPolicy:
     """The policy_fn of one checkpointed call of a block (create_selective_checkpoint_contexts):
     MUST_SAVE for the attention op and the matmuls in `keep`, PREFER_RECOMPUTE for the rest."""
@@ -72,6 +73,7 @@ class BlockPolicy:
         if str(func) in ATTENTION_OPS:
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
+# --8<-- [end:policy]
 
     def _matmul(self, recompute: bool, weight_t: torch.Tensor) -> str:
         """Which of the block's matmuls this is, from the count (modulo 7: under compile the
@@ -104,6 +106,7 @@ def context_fn(mode: str) -> Callable:
     return functools.partial(_contexts, keep)
 
 
+# --8<-- [start:run_block]
 def run_block(block: nn.Module, mode: str, contexts: Callable | None, x: torch.Tensor,
               causal_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The block's own forward on x (batch, seq, d), under `mode`'s checkpointing."""
@@ -113,6 +116,7 @@ def run_block(block: nn.Module, mode: str, contexts: Callable | None, x: torch.T
     if contexts is None:  # full
         return checkpoint(forward, block, x, causal_mask, positions, use_reentrant=False)
     return checkpoint(forward, block, x, causal_mask, positions, use_reentrant=False, context_fn=contexts)
+# --8<-- [end:run_block]
 
 
 def install_plan(lm: nn.Module, plan: CheckpointPlan, compile: bool = False) -> None:

@@ -38,6 +38,7 @@ FORWARD_NAME = f"{NAMESPACE}::flash_attention_fwd"
 BACKWARD_NAME = f"{NAMESPACE}::flash_attention_bwd"
 
 
+# --8<-- [start:custom_op]
 @torch.library.custom_op(FORWARD_NAME, mutates_args=())
 def flash_attention_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
     x = check_triton_inputs(q, k, v, is_causal)  # the kernels' checks, before any launch
@@ -83,6 +84,7 @@ def _backward_formula(ctx, do, dlse):
 
 
 flash_attention_fwd.register_autograd(_backward_formula, setup_context=_setup_context)
+# --8<-- [end:custom_op]
 
 FORWARD_OP = torch.ops.cs336.flash_attention_fwd.default
 BACKWARD_OP = torch.ops.cs336.flash_attention_bwd.default
