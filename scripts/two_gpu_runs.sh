@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The two-GPU runs of issue 29, in priority order, and the one-GPU run that can be made meanwhile.
-# Every command is one line below; the benchmarks resume, so a cut run re-run measures only what
-# is missing. Rows go to results/ (committed code only: the store refuses a dirty tree).
+# Every command is one line below. Each invocation measures all its cells again; a cut run goes on
+# with `--resume RUN` (the id it printed) added to its line. Rows go to results/ (committed code
+# only: the store refuses a dirty tree).
 #
 #   bash scripts/two_gpu_runs.sh                # on a node with 2 GPUs: runs 1, 2, 3 in order
 #   bash scripts/two_gpu_runs.sh 1 3b           # some of them: a run (1, 2, 3) or one line (1a ... 3b)
