@@ -30,8 +30,8 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, plan: FwdPlan) 
         from .gluon.fwd_ws import fwd_ws_supported, launch_fwd_ws
 
         g = plan.gluon
-        q, k, v = _contiguous_for(lambda *t: fwd_ws_supported(*t, g.block_n), q, k, v)
-        if (why := fwd_ws_supported(q, k, v, g.block_n)) is None:
+        why, (q, k, v) = _gluon_inputs(lambda *t: fwd_ws_supported(*t, g.block_n), q, k, v)
+        if why is None:
             return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups)
         _warn_fallback("forward", why)
     return flash_launch.launch_fwd(q, k, v, is_causal, plan.tiles)
@@ -42,8 +42,8 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
     """dQ, dK, dV (Z, H, N, d) in the inputs' dtype. L is the forward's fp32 (Z, H, n_q)."""
     _shape(q, k)
     if plan.gluon is not None:
-        q, k, v, do = _contiguous_for(lambda *t: gluon_bwd_supported(*t, is_causal), q, k, v, do)
-        if (why := gluon_bwd_supported(q, k, v, do, is_causal)) is None:
+        why, (q, k, v, do) = _gluon_inputs(lambda *t: gluon_bwd_supported(*t, is_causal), q, k, v, do)
+        if why is None:
             return launch_gluon_bwd(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.gluon)
         _warn_fallback("backward", why)
     if plan.one_pass:
@@ -55,13 +55,18 @@ CONTIGUOUS = "needs contiguous inputs"
 _WARNED: set[tuple[str, str]] = set()
 
 
-def _contiguous_for(supported, *tensors: Tensor) -> tuple[Tensor, ...]:
-    """The tensors, copied to contiguous memory where that alone keeps a Gluon kernel from taking
-    them: a model's (batch, heads, seq, d) views of (batch, seq, heads, d) projections are strided,
-    and a copy of Q, K, V costs a few percent of the attention it lets the faster kernel run."""
-    if supported(*tensors) == CONTIGUOUS and supported(*(t.contiguous() for t in tensors)) is None:
-        return tuple(t.contiguous() for t in tensors)
-    return tensors
+def _gluon_inputs(supported, *tensors: Tensor) -> tuple[str | None, tuple[Tensor, ...]]:
+    """(why a Gluon kernel cannot take the inputs or None, the inputs it gets): copied to contiguous
+    memory where that alone kept it from taking them. A model's (batch, heads, seq, d) views of
+    (batch, seq, heads, d) projections are strided, and a copy of Q, K, V costs a few percent of the
+    attention it lets the faster kernel run. One rule check on the host path when nothing is copied."""
+    why = supported(*tensors)
+    if why == CONTIGUOUS:
+        copies = tuple(t.contiguous() for t in tensors)
+        why = supported(*copies)  # the copies' reason, if another rule still refuses them
+        if why is None:
+            return None, copies
+    return why, tensors
 
 
 def _warn_fallback(which: str, why: str) -> None:
