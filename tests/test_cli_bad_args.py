@@ -73,6 +73,8 @@ CASES = [
     ("flash-d128-probe", ["--fwd-ws", "2,128"], "--fwd-ws"),
     ("flash-ab-bwd128", ["--versions", "nope"], "--versions"),
     ("flash-ab-bwd128", ["--settings", "2"], "--settings"),
+    ("flash-ab-bwd128", ["--rounds", "0"], "--rounds"),
+    ("flash-d128-probe", ["--rep-ms", "0"], "--rep-ms"),
     ("ceilings", ["--size", "huge"], "--size"),
     pytest.param("collectives", ["--backend", "nccl"], "--backend", marks=needs_no_gpu),
     ("collectives", ["--world-sizes", "1"], "--world-sizes"),

@@ -21,7 +21,7 @@ import torch
 
 from cs336_systems.bench.cli import Parser, open_store
 
-from .harness import int_tuples, load_variant, require_gpu, time_round_robin
+from .harness import add_timing_args, cudnn_attention, int_tuples, load_variant, require_gpu, time_round_robin
 
 KERNEL_FILE = Path(__file__).parents[1] / "gluon" / "flash_bwd128_ws_kernel.py"
 VARIANT_PACKAGE = "cs336_systems.attention.fast.gluon"
@@ -79,9 +79,6 @@ def variant_source(name: str, source: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     from cs336_systems.attention.flash_launch import launch_preprocess
 
     from ..gluon.bwd128_ws import launch_bwd128_ws
@@ -96,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", nargs="+", type=int, default=[0], metavar="G",
                     help="heads whose programs run together (0: the launcher's rule)")
     ap.add_argument("--shape", default="1,32,32768,1", metavar="BATCH,HEADS,SEQ,CAUSAL")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep-ms", type=int, default=100)
-    ap.add_argument("--results-dir", default=None)
+    add_timing_args(ap)
     args = ap.parse_args(argv)
     settings = int_tuples(ap, "--settings", args.settings, "STAGES,SLOTS")
     if bad := [v for v in args.versions if any(p not in VERSIONS for p in v.split("+"))]:
@@ -121,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
 
     def cudnn(backward: bool):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        out = cudnn_attention(qr, kr, vr, causal)
         return torch.autograd.grad(out, (qr, kr, vr), do) if backward else out
 
     none = (("stages", 0), ("slots", 0), ("group", 0))

@@ -19,24 +19,16 @@ import time
 import traceback
 
 import torch
-import torch.nn.functional as F
 
 from cs336_systems.bench.cli import Parser, open_store
 
-from .harness import int_tuples, require_gpu
+from .harness import add_timing_args, cudnn_attention, int_tuples, require_gpu
 
 BENCH = "attention/d128_probe"
 CELLS = ["1,32,32768,1", "2,32,4096,1", "1,16,16384,0", "2,16,8192,0", "1,16,4096,1"]
 FWD_WS = ["2,128,3", "2,128,2", "2,64,4", "3,64,3"]
 BWD_WS = ["2,1", "2,2"]
 TOL = 2e-2  # bf16 output rounding is ~4e-3 relative; a wrong tile or mask is far above
-
-
-def _cudnn(q, k, v, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,15 +50,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="heads whose programs run together in the Gluon kernels (0: the launcher's rule; "
                          "larger than batch x heads: all)")
     ap.add_argument("--no-bwd", action="store_true", help="forward only")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep-ms", type=int, default=100)
-    ap.add_argument("--results-dir", default=None)
+    add_timing_args(ap)
     args = ap.parse_args(argv)
     cells = int_tuples(ap, "--cells", args.cells, "BATCH,HEADS,SEQ,CAUSAL")
     settings = int_tuples(ap, "--fwd-ws", args.fwd_ws, "WARPGROUPS,BLOCK_N,STAGES")
     bwd_settings = int_tuples(ap, "--bwd-ws", args.bwd_ws, "STAGES,SLOTS")
-    if args.rounds < 1 or args.rep_ms < 1:
-        ap.error("--rounds and --rep-ms must be at least 1")
     require_gpu(ap)
     store = open_store(ap, BENCH, ["run", "round", "batch", "heads", "seq", "causal", "impl", "pass"],
                        root=args.results_dir)
@@ -77,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = [torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16, generator=g)
                        for _ in range(4)]
-        want = _cudnn(q, k, v, causal)
+        want = cudnn_attention(q, k, v, causal)
         fplan = lookup_fwd(TUNED, q.dtype, d, causal, batch * heads, seq, seq)
         bplan = lookup_bwd(TUNED, q.dtype, d, causal, batch * heads, seq, seq)
-        fns = {("cudnn", "fwd"): lambda: _cudnn(q, k, v, causal),
+        fns = {("cudnn", "fwd"): lambda: cudnn_attention(q, k, v, causal),
                ("table", "fwd"): lambda: launch_fwd(q, k, v, causal, fplan)}
         groups = sorted({min(g, batch * heads) for g in args.groups})
         for (nw, bn, st), gr in itertools.product(settings, groups):
@@ -90,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
 
             def cudnn_fb():
-                out = _cudnn(qr, kr, vr, causal)
+                out = cudnn_attention(qr, kr, vr, causal)
                 return torch.autograd.grad(out, (qr, kr, vr), do)
 
             o, L = launch_fwd(q, k, v, causal, fplan)
