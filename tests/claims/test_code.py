@@ -33,10 +33,10 @@ def _git(*args: str) -> subprocess.CompletedProcess:
 
 GPU_TEST_PATHS = ["cs336_systems/attention", "cs336_systems/model", *gpu_tests.TEST_FILES, "tests/tolerances.py",
                   "tests/adapters.py", "tests/conftest.py", ":(exclude)cs336_systems/attention/fast/tuning",
-                  ":(exclude)cs336_systems/attention/benchmarks"]
+                  ":(exclude)cs336_systems/attention/fast/experiments", ":(exclude)cs336_systems/attention/benchmarks"]
 # flash-attention.md, beside flash.gpu_tests_pass: "Since that run the code those tests reach changed
-# only on the CPU side of the speed path: ..." (the tuner and the benchmarks measure; the tests do not
-# run them). A change to any other file the tests reach fails here until the GPU tests run again.
+# only on the CPU side of the speed path: ..." (the tuner, the A/B experiments and the benchmarks
+# measure; the GPU tests do not run them). A change to any other file the tests reach fails here until the GPU tests run again.
 CHANGED_SINCE_THE_GPU_TESTS = {
     "cs336_systems/attention/fast/op.py", "cs336_systems/model/attention.py",  # the custom operator
     "cs336_systems/attention/fast/launch.py", "cs336_systems/attention/fast/__init__.py",  # copies, warning
