@@ -5,6 +5,7 @@ names, and the CLI end to end on a CPU (ops' self times standing in for kernels)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +99,37 @@ def test_attention_kernels_are_told_by_name(name, forward, backward):
     expected = ("attention backward" if backward else "recompute: attention forward" if forward
                 else "matmul" if name.startswith("nvjet") else "elementwise and norms")
     assert breakdown.kernel_category(name, "backward", in_loss=False) == expected
+
+
+def _our_attention_kernels() -> list[str]:
+    """The names of the Triton and Gluon kernels the attention runs (the functions under
+    @triton.jit / @gluon.jit in cs336_systems/attention, the A/B experiments left out)."""
+    import ast
+    root = Path(breakdown.__file__).parents[1] / "attention"
+    names = []
+    for path in root.rglob("*.py"):
+        if "experiments" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    ast.unparse(d).endswith(".jit") for d in node.decorator_list) and node.name.endswith("_kernel"):
+                names.append(node.name)
+    return sorted(names)
+
+
+def test_every_attention_kernel_of_ours_has_its_category():
+    # a kernel the rule misses would count as elementwise work: the profile's attention row too small
+    names = _our_attention_kernels()
+    assert "bwd128_ws_kernel" in names and "fwd_ws_kernel" in names
+    for name in names:
+        expected = "attention backward" if name.startswith("bwd") else "recompute: attention forward"
+        assert breakdown.kernel_category(name, "backward", in_loss=False) == expected, name
+
+
+def test_compiles_fused_kernels_are_elementwise_even_when_named_after_attention():
+    for name in ("triton_poi_fused__unsafe_view_add_flash_attention_bwd_index_mul_slice_view_2",
+                 "triton_poi_fused__scaled_dot_product_cudnn_attention__unsafe_view_add_view_1"):
+        assert breakdown.kernel_category(name, "forward", in_loss=False) == "elementwise and norms"
 
 
 def test_union_of_intervals():

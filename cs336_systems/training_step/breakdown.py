@@ -48,14 +48,17 @@ TOP = 5  # kernel names kept per category
 # memory-efficient one (fmha_cutlassF / fmha_cutlassB). Backward is tried first: its names
 # contain the forward's words in places (flash_bwd_dot_do_o, bwd_preprocess).
 # On the CPU (cpu_stand_in) the ops' names: our custom ops and aten's SDPA ops.
+# Ours: every backward kernel's name starts with bwd (tests/test_training_step_profile.py reads the
+# names from the kernels' sources, so a new kernel that breaks the rule fails there).
 ATTENTION_BACKWARD = re.compile(
-    r"bwd_preprocess_kernel|bwd_dkdv_kernel|bwd_dq_kernel|bwd_fused_kernel|bwd_onepass(_ws)?_kernel"
+    r"^bwd\w*_kernel$"
     r"|flash_bwd|sdpa.*bprop|bprop.*sdpa|fmha_cutlassB"
     r"|flash_attention_bwd|attention\w*backward", re.I)  # the last: aten's SDPA backward, autograd's nodes
 ATTENTION_FORWARD = re.compile(
-    r"flash_fwd_kernel|fwd_ws_kernel|flash_fwd|sdpa.*fprop|fprop.*sdpa|fmha_cutlassF|attention_forward"
+    r"^\w*fwd\w*_kernel$|flash_fwd|sdpa.*fprop|fprop.*sdpa|fmha_cutlassF|attention_forward"
     r"|flash_attention_fwd|scaled_dot_product", re.I)
 
+INDUCTOR_FUSED = re.compile(r"triton_(poi|red|per)_fused")
 
 # --8<-- [start:category]
 def kernel_category(name: str, phase: str, in_loss: bool) -> str:
@@ -67,6 +70,8 @@ def kernel_category(name: str, phase: str, in_loss: bool) -> str:
         return "other"
     if in_loss:
         return "loss"
+    if INDUCTOR_FUSED.match(name):  # compile's fused pointwise and reductions (RoPE, transposes),
+        return "elementwise and norms"  # though their names list the attention op they fed
     if ATTENTION_BACKWARD.search(name):
         return "attention backward"
     if ATTENTION_FORWARD.search(name):

@@ -96,5 +96,10 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False)
     three_d = q.dim() == 3
     if three_d:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    # A model's (batch, heads, seq, d) views of (batch, seq, heads, d) projections are strided and
+    # the Gluon kernels read contiguous memory. Made contiguous here, outside the op, the copy is
+    # part of the traced graph: torch.compile writes it from the kernel that makes q and k (RoPE)
+    # at no extra cost, and the op saves the contiguous tensors, so its backward copies none again.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o, _ = flash_attention_fwd(q, k, v, bool(is_causal))
     return o.squeeze(1) if three_d else o
