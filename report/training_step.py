@@ -8,7 +8,7 @@ results/training_step/fused_adamw); and one GPU's share of the whole step (`just
 The checkpoint plans (checkpoint_plan.py) are arithmetic here too: what one block keeps and
 recomputes per mode (memory_budget.block_bytes_per_token, arithmetic.recompute_flops_per_token),
 and the plans `--sweep` would try for one H200's memory (plan_search.sweep_plans, built the way
-bench.py builds them); their H200 rows, and the `--profile` breakdown's, are not yet measured."""
+bench.py builds them). The plans' H200 rows and the profile are training_step_measured.py's."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from cs336_systems.model import get_config
-from cs336_systems.training_step import adamw_bench, arithmetic, ce_bench, step_profile
+from cs336_systems.training_step import adamw_bench, arithmetic, ce_bench
 from cs336_systems.training_step.checkpoint_plan import parse_plan
 from cs336_systems.training_step.memory_budget import GIB, Layout, block_bytes_per_token, budget
 from cs336_systems.training_step.plan_search import LEVELS, Candidate, plan_recompute_flops, sweep_plans
@@ -28,7 +28,7 @@ from cs336_systems.training_step.variants import recipe_of, with_plan
 from report.flash_grid import step
 from report.registry import register
 from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
-from report.results import load_results, markdown_table, newest, provenance_line, rows_if_any, source
+from report.results import load_results, markdown_table, newest, provenance_line, source
 
 CFG = get_config("8B")
 BATCH, CONTEXT, GPUS = 2, 32_768, 2
@@ -227,8 +227,6 @@ def _adamw(impl: str, column: str) -> float:
 
 
 FACTS = {
-    "one_stock_ms": lambda: f'{_one("stock", "step_ms"):,.0f}',
-    "one_ours_ms": lambda: f'{_one("ours", "step_ms"):,.0f}',
     "one_gap_ms": lambda: f'{_one("ours", "step_ms") - _one("stock", "step_ms"):.0f}',
     "one_stock_mfu": lambda: f'{_one("stock", "mfu"):.1%}',
     "one_ours_mfu": lambda: f'{_one("ours", "mfu"):.1%}',
@@ -238,7 +236,6 @@ FACTS = {
     "one_attention_extra_ms": lambda: f"{attention_extra_ms():.0f}",
     "one_attention_git": lambda: STEP_ROWS_ATTENTION_GIT,
     "one_layers": lambda: CFG.num_layers,
-    "one_goal_speedup": lambda: f'{_one("stock", "step_ms") / 1e3 / GOAL_S:.2f}',
     "flops": lambda: f"{flops() / 1e15:.2f} x 10^15",
     "ideal_s": lambda: f"{seconds_at(1.0):.2f}",
     "goal_mfu": lambda: f"{mfu_at(GOAL_S):.0%}",
@@ -256,7 +253,6 @@ FACTS = {
     "ce_chunked_gib": lambda: f'{_ce("torch-chunked", "peak_gib"):.1f}',
     "ce_logits_gib": lambda: f'{_ce("torch", "full_logits_gib"):.1f}',
     "ce_torch_over_logits": lambda: _count_words(_ce("torch", "peak_gib") / _ce("torch", "full_logits_gib")),
-    "ce_saved_ms": lambda: f'{_ce("torch-chunked", "ms") - _ce("fused", "ms"):.0f}',
     "ce_chunked_slowdown": lambda: f'{_ce("torch-chunked", "ms") / _ce("fused", "ms"):.1f}',
     "ce_fused_tflops": lambda: f'{_ce("fused", "tflops"):.0f}',
     "ce_fused_of_ceiling": lambda: f'{_ce("fused", "tflops") / matmul_ceiling_tflops("bf16"):.0%}',
@@ -387,19 +383,6 @@ def sweep_margin_gib() -> float:
     return max(cap - c.budget.estimate for v in ("stock", "ours") for c in sweep(v)[0]) / GIB
 
 
-def estimate_error_gib() -> float:
-    """By how much the budget's estimate exceeded the measured peak of the one-GPU rows."""
-    return _one_estimate("estimate") - float(one_gpu_rows().peak_allocated_gib.max())
-
-
-def _plans_not_yet_measured() -> bool:
-    """No H200 row of a plan with a selective block, and no profile rows: the plans, the sweep and
-    the breakdown are not yet measured."""
-    rows = load_results(STEP_BENCH)
-    return (not any("selective" in str(f.get("checkpoint", "")) for f in rows["flags"])
-            and rows_if_any(step_profile.BENCH).empty)
-
-
 H200_GIB = 139  # the usable memory the page states for one H200 (about 139 GiB of 141 GB)
 _fits = lambda name: budget_of(LAYOUTS[name]).estimate < H200_GIB * GIB
 
@@ -433,7 +416,6 @@ FACTS |= {
     "full_plan_tflop": lambda: f"{full_plan_recompute_flops() / 1e12:.0f}",
     "sweep_plan_count": lambda: f"{math.comb(CFG.num_layers + len(LEVELS) - 1, len(LEVELS) - 1):,}",
     "sweep_margin_gib": lambda: f"{sweep_margin_gib():.1f}",
-    "estimate_error_gib": lambda: f"{estimate_error_gib():.1f}",
 }
 
 register("training_step", facts=FACTS, tables={
@@ -443,9 +425,6 @@ register("training_step", facts=FACTS, tables={
     "attention_is_half_of_a_full_recompute": _attention_is_half_of_a_full_recompute,
     "best_plans_never_fully_checkpoint": _best_plans_never_fully_checkpoint,
     "best_recomputes_a_fraction_of_full": _best_recomputes_a_fraction_of_full,
-    "plans_not_yet_measured": _plans_not_yet_measured,
-    # the margins are smaller than the estimate's one measured error: the arithmetic cannot decide
-    "sweep_estimates_near_the_memory": lambda: 0 < sweep_margin_gib() < estimate_error_gib(),
     "goal_is_about_half_the_datasheet_rate": lambda: 4.7e15 < flops() < 4.8e15 and 2.3 < seconds_at(1.0) < 2.5
     and 0.5 < mfu_at(GOAL_S) < 0.55,
     "plain_model_does_not_fit": lambda: budget_of(LAYOUTS["plain (naive attention, full logits, DDP)"]).lower_bound / GIB > 10 * H200_GIB
@@ -473,6 +452,5 @@ register("training_step", facts=FACTS, tables={
     "attention_covers_the_gap": lambda: attention_extra_ms() > _one("ours", "step_ms") - _one("stock", "step_ms") > 0,
     "one_gpu_rows_single_steps_one_run": lambda: (one_gpu_rows().n_timed == 1).all() and one_gpu_rows().run_id.nunique() == 1
     and all(f["checkpointed_blocks"] == CFG.num_layers and f["compile"] for f in one_gpu_rows()["flags"]),
-    "goal_needs_a_faster_step": lambda: _one("stock", "step_ms") / 1e3 / GOAL_S > 1,
     "one_gpu_peaks_inside_the_budget": _one_gpu_peaks_inside_the_budget,
 })

@@ -131,16 +131,3 @@ def test_the_two_gpu_script_runs_the_fsdp_benchmark_on_the_2026_xl():
     lines = [line for line in (REPO_ROOT / "scripts" / "two_gpu_runs.sh").read_text().splitlines()
              if re.match(r"run_\w+\(\) \{ .*bench fsdp ", line)]
     assert len(lines) == 2 and all("--size 2.7B" in line for line in lines)
-
-
-def test_the_one_gpu_step_rows_predate_the_attention_op():
-    # training-step.md, "Attention as a custom op": "the rows above were measured before the op
-    # existed": no commit a training-step row names holds the commit that added the op
-    added = _git("log", "--diff-filter=A", "--format=%H", "--", "cs336_systems/attention/fast/op.py").stdout.split()
-    assert len(added) == 1
-    path = REPO_ROOT / "results" / "training-step" / "nvidia-h200.jsonl"
-    commits = {json.loads(line)["git"] for line in path.read_text().splitlines() if line.strip()}
-    for commit in commits:
-        _git("cat-file", "-e", f"{commit}^{{commit}}")  # skips where the clone lacks the row's commit
-        inside = subprocess.run(["git", "merge-base", "--is-ancestor", added[0], commit], cwd=REPO_ROOT)
-        assert inside.returncode == 1, commit
