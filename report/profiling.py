@@ -1,8 +1,8 @@
 """The profiling chapter's numbers: end-to-end timings, the warm-up study, the kernel profiles and
 the double count of the first attribution (docs/profiling.md, docs/profiling/double-count.md).
 
-Rows: results/end-to-end/{timings,warmup}/ and results/profiling/{kernel_cells,kernels}/ (one row
-per profiled cell, one per kernel, phase and region of it).
+Rows: results/end-to-end/{timings,warmup,phases}/ and results/profiling/{kernel_cells,kernels}/ (one
+row per profiled cell, one per kernel, phase and region of it).
 """
 
 from __future__ import annotations
@@ -333,12 +333,105 @@ def _collisions_explain_inflation() -> bool:
     return len(hit) > 0 and hit["colliding CPU ids"].min() > c.drop(hit.index)["colliding CPU ids"].max()
 
 
-# -- the 2026 edition: its five sizes, 10B among them (phases and longest-fit rows not yet measured) --
+# ---- the 2026 edition: every size's phases, 10B among them ----------------------------------------
 
 SIZES_2026 = edition_presets("2026")  # small, medium, large, 2.7B (the 2026 "xl"), 10B
 PHASES_BENCH = "end-to-end/phases"
 PHASE_BATCH, PHASE_CONTEXT = 4, 512  # the phases part's cells (profiling/sweeps.py: batch 4, --context)
 FP32_ADAMW_BYTES = 16  # per parameter: fp32 weights, gradients and AdamW's two moments
+
+
+def phase_rows() -> pd.DataFrame:
+    """The newest row per (size, mode, dtype) of the phases sweep, whatever its status, indexed so."""
+    return newest(load_results(PHASES_BENCH), ["size", "mode", "dtype"]).set_index(["size", "mode", "dtype"]).sort_index()
+
+
+def phase(size: str, mode: str, dtype: str) -> pd.Series:
+    return phase_rows().loc[(size, mode, dtype)]
+
+
+def phase_cells() -> pd.DataFrame:
+    """One row per (size, dtype), 2026 sizes in order: each phase's mean and std from the training
+    step; where the training step ran out of memory, the forward and backward of the
+    forward+backward step, and the failure (its phase, the allocator's peak when it failed)."""
+    out = []
+    for size in SIZES_2026:
+        for dtype in ("fp32", "bf16"):
+            train, fb = phase(size, "train", dtype), phase(size, "forward-backward", dtype)
+            timed = train if train.status == "ok" else fb
+            row = {"size": size, "dtype": dtype, "train_status": train.status, "oom_phase": train.get("oom_phase"),
+                   "oom_step": train.get("oom_step"), "oom_peak_gib": train.get("peak_mib_at_oom", float("nan")) / 1024,
+                   "fb_peak_gib": fb.peak_mem_gib, "peak_gib": train.peak_mem_gib}
+            for ph in ("forward", "backward", "optimizer"):
+                row[f"{ph}_ms"], row[f"{ph}_std"] = timed.get(f"{ph}_mean_ms"), timed.get(f"{ph}_std_ms")
+            row["step_ms"], row["step_std"] = train.step_mean_ms, train.step_std_ms
+            out.append(row)
+    df = pd.DataFrame(out)
+    return df.assign(bwd_over_fwd=df.backward_ms / df.forward_ms, opt_share=df.optimizer_ms / df.step_ms)
+
+
+def phases_2026_table() -> str:
+    c = phase_cells()
+    fmt = lambda m, s: "—" if pd.isna(m) else pm(m, s)
+    oom = lambda r: f"out of memory ({r.oom_peak_gib:.1f} GiB allocated)"
+    shown = pd.DataFrame({
+        "size": c["size"], "dtype": c["dtype"],
+        **{f"{ph} ms": [fmt(m, s) for m, s in zip(c[f"{ph}_ms"], c[f"{ph}_std"])] for ph in ("forward", "backward")},
+        "optimizer ms": [fmt(r.optimizer_ms, r.optimizer_std) if r.train_status == "ok" else oom(r) for r in c.itertuples()],
+        "training step ms": [fmt(m, s) for m, s in zip(c.step_ms, c.step_std)],
+        "peak GiB": [f"{p:.1f}" if r.train_status == "ok" else "—" for p, r in zip(c.peak_gib, c.itertuples())]})
+    return with_source(shown, PHASES_BENCH, used=phase_rows().reset_index())
+
+
+def phase_sum_over_timings(dtype: str = "fp32") -> pd.Series:
+    """Per 2025 size: the synchronised phases of a training step, summed, over the unsynchronised
+    training step of the timings grid (another process)."""
+    t = timings(dtype)
+    return pd.Series({s: phase(s, "train", dtype).step_mean_ms / t.loc[(s, "train"), "mean_ms"] for s in SIZES
+                      if (s, "train", dtype) in phase_rows().index})
+
+
+def _ten_b_training_ran_out_in_the_optimizer() -> bool:
+    """Both dtypes: forward+backward ran, peaking at the weights and gradients (within 2%: what lies
+    beyond is the loss's tensors); the training step failed in the optimizer phase of its first step,
+    with more than the weights and gradients allocated and less than the H200's capacity."""
+    m = ten_b_memory()
+    wg = m["weights_gib"] + m["grads_gib"]
+    c = phase_cells().set_index(["size", "dtype"])
+    return all(c.loc[("10B", dt), "train_status"] == "oom" and c.loc[("10B", dt), "oom_phase"] == "optimizer"
+               and c.loc[("10B", dt), "oom_step"] == 0 and wg < c.loc[("10B", dt), "oom_peak_gib"] < h200_capacity_gib()
+               and phase("10B", "forward-backward", dt).status == "ok" for dt in ("fp32", "bf16")) \
+        and abs(c.loc[("10B", "fp32"), "fb_peak_gib"] / wg - 1) < 0.02 \
+        and (c.drop(index="10B", level="size").train_status == "ok").all()
+
+
+def _backward_about_twice_forward() -> bool:
+    # fp32 only: the bf16 phases of the small to large models swing by up to a fifth of their mean
+    c = phase_cells()
+    return c[c.dtype == "fp32"].bwd_over_fwd.between(1.5, 2.5).all()
+
+
+def _optimizer_shortest_in_fp32() -> bool:
+    c = phase_cells()
+    c = c[(c.dtype == "fp32") & (c.train_status == "ok")]
+    return bool((c.optimizer_ms < c.forward_ms).all())
+
+
+def _optimizer_ignores_the_dtype() -> bool:
+    """AdamW runs in fp32 under either dtype: its phase takes the same time (within 15%: the bf16
+    small to large cells are noisy) at every size that trained, and its share of the 2.7B step grows
+    under bf16 by more than four times."""
+    c = phase_cells().set_index(["size", "dtype"])
+    sizes = [s for s in SIZES_2026 if c.loc[(s, "fp32"), "train_status"] == "ok"]
+    return all(abs(c.loc[(s, "bf16"), "optimizer_ms"] / c.loc[(s, "fp32"), "optimizer_ms"] - 1) < 0.15 for s in sizes) \
+        and c.loc[("2.7B", "bf16"), "opt_share"] > 4 * c.loc[("2.7B", "fp32"), "opt_share"]
+
+
+def _phases_cost_the_launch_bound_most() -> bool:
+    """fp32: the synchronised phases add up to no less than the unsynchronised step, within 1% at
+    2.7B and at most 10% more where launches dominate (small, medium)."""
+    r = phase_sum_over_timings("fp32")
+    return (r >= 1).all() and r["2.7B"] < 1.01 and r.max() < 1.10 and r.idxmax() in ("small", "medium")
 
 
 def ten_b_memory() -> dict:
@@ -380,6 +473,16 @@ register(
         "train_state_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib']:.0f}",
         "h200_capacity_gib": lambda: f"{h200_capacity_gib():.1f}",
         "peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
+        # (b), 2026
+        "bwd_over_fwd_2026": lambda: span(phase_cells().query("dtype == 'fp32'").bwd_over_fwd, ".1f"),
+        "opt_ms_small": lambda: f"{phase('small', 'train', 'fp32').optimizer_mean_ms:.0f}",
+        "opt_ms_27b": lambda: f"{phase('2.7B', 'train', 'fp32').optimizer_mean_ms:.0f}",
+        "opt_share_27b_fp32": lambda: f"{phase_cells().set_index(['size', 'dtype']).opt_share[('2.7B', 'fp32')]:.0%}",
+        "opt_share_27b_bf16": lambda: f"{phase_cells().set_index(['size', 'dtype']).opt_share[('2.7B', 'bf16')]:.0%}",
+        "fb_peak_10b_gib": lambda: f"{phase('10B', 'forward-backward', 'fp32').peak_mem_gib:.1f}",
+        "oom_allocated_10b_gib": lambda: f"{phase('10B', 'train', 'fp32').peak_mib_at_oom / 1024:.1f}",
+        "phase_sum_excess_27b": lambda: f"{phase_sum_over_timings()['2.7B'] - 1:.1%}",
+        "phase_sum_excess_max": lambda: f"{phase_sum_over_timings().max() - 1:.0%}",
         # (b)
         "fb_cv_max": lambda: f"{e2e_ratios().fb_cv.max():.1%}",
         "time_ratio_large_small": lambda: f"{e2e_ratios().fb_ms['2.7B'] / e2e_ratios().fb_ms['small']:.0f}",
@@ -429,7 +532,7 @@ register(
         "quiet_colliding_max": lambda: f"{rerun_checks().drop(inflated().index)['colliding CPU ids'].max():,}",
     },
     tables={
-        "e2e": e2e_table, "warmup": warmup_table, "phases": phase_table, "top_kernels": lambda: top_kernel_table(512),
+        "e2e": e2e_table, "warmup": warmup_table, "phases": phase_table, "phases_2026": phases_2026_table, "top_kernels": lambda: top_kernel_table(512),
         "xl_forward_other": lambda: kernel_list("xl", 512, "forward", 8, matmul=False),
         "xl_backward_other": lambda: kernel_list("xl", 512, "backward", 8, matmul=False),
         "attention_regions": attention_regions_table,
@@ -476,7 +579,11 @@ register(
         # the 2026 edition
         "the_2026_table": _the_2026_table,
         "ten_b_training_cannot_fit": _ten_b_training_cannot_fit,
-        "phases_not_yet_measured": lambda: rows_if_any(PHASES_BENCH).empty,
+        "ten_b_training_ran_out_in_the_optimizer": _ten_b_training_ran_out_in_the_optimizer,
+        "backward_about_twice_forward_2026": _backward_about_twice_forward,
+        "optimizer_shortest_in_fp32": _optimizer_shortest_in_fp32,
+        "optimizer_ignores_the_dtype": _optimizer_ignores_the_dtype,
+        "phases_cost_the_launch_bound_most": _phases_cost_the_launch_bound_most,
         "longest_fit_not_yet_measured": lambda: all(rows_if_any(b).empty for b in (PROBE_BENCH, LONGEST_CELLS, LONGEST_KERNELS)),
         # double-count.md
         "first_run_overcounted_rerun_fits": lambda: len(marked_rows()) > 0
