@@ -171,6 +171,23 @@ def timeline_figure(context: int, mode: str, dtype: str = "fp32"):
     return fig
 
 
+def peak_phase(context: int, mode: str = "train", dtype: str = "fp32") -> str:
+    """The phase whose stretch of the stored timeline holds its highest point."""
+    r = timeline_row(context, mode, dtype)
+    at = r.event[max(range(len(r.gib)), key=r.gib.__getitem__)]
+    return [name for name, start in r.phases if start <= at][-1]
+
+
+SNAPSHOT_CELLS = {(128, "forward"), (128, "train"), (512, "forward"), (512, "train"), (2048, "forward")}
+
+
+def snapshot_cells() -> set[tuple[int, str]]:
+    """The (context, mode) cells with a stored fp32 timeline."""
+    t = ok("memory/timeline")
+    t = t[t.dtype == "fp32"]
+    return {(int(c), m) for c, m in zip(t.context, t["mode"])}
+
+
 def largest(mode: str, context: int = SNAPSHOT_CONTEXT) -> pd.DataFrame:
     df = newest(ok("memory/largest"), [*KEY, "rank"])
     return df[(df["mode"] == mode) & (df.context == context)].sort_values("rank").reset_index(drop=True)
@@ -643,6 +660,8 @@ register(
         "ckpt_granularity": granularity_table_md, "ckpt_granularity_measured": measured_granularity_table,
     },
     figures={
+        "timeline_128_train": lambda: timeline_figure(128, "train"),
+        "timeline_128_forward": lambda: timeline_figure(128, "forward"),
         "timeline_512_train": lambda: timeline_figure(512, "train"),
         "timeline_512_forward": lambda: timeline_figure(512, "forward"),
         "timeline_2048_forward": lambda: timeline_figure(2048, "forward"), "ckpt_peaks": peak_figure,
@@ -651,6 +670,8 @@ register(
         # (a): weights, gradients and two moments; the rest is small buffers (under 2%)
         "training_starts_from_four_copies": lambda: all(
             near(peak(512, "train", dt, "before_mib"), 4 * weights_mib(), 0.02) for dt in ("fp32", "bf16")),
+        "snapshot_cells_as_listed": lambda: snapshot_cells() == SNAPSHOT_CELLS,
+        "short_context_peaks_in_the_optimizer": lambda: peak_phase(128) == "optimizer",
         # the offset is block rounding, not activations: the same to 1 MiB
         "timeline_offset_same_at_both_ends": lambda: abs(resident_offset_mib()[0] - resident_offset_mib()[1]) <= 1.0,
         "inference_adds_little": lambda: [extra(c, "forward") for c in (128, 256, 512)]
