@@ -1,7 +1,7 @@
 """The memory chapter's numbers (docs/memory.md, docs/memory/checkpointing.md): peaks of the 2.7B
 model by context, the snapshot's largest allocations, the residual stream, one block's residuals,
 and gradient checkpointing (the strategies' modelled costs, the H200 sweep over block sizes, and
-the arithmetic of checkpointing inside a block, whose H200 rows are not yet measured).
+checkpointing inside a block: its arithmetic and its H200 cells beside k = 0, 1, 2).
 
 Rows: results/memory/. Hand counts come from the model's config and code (sharding.accounting
 counts what autograd saves, on the meta device); checkpoint_theory models the strategies.
@@ -28,7 +28,7 @@ from cs336_systems.sharding.accounting import (
 )
 from report.figures import new_figure
 from report.registry import register
-from report.results import load_results, markdown_table, newest, ok, rows_if_any, with_source
+from report.results import load_results, markdown_table, newest, ok, provenance_line, source, with_source
 from report.units import GiB, MiB, near
 
 SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures: the 2026 handout's xl
@@ -169,6 +169,23 @@ def timeline_figure(context: int, mode: str, dtype: str = "fp32"):
         ax.legend(loc="lower right", fontsize=8, ncols=3)
     fig.tight_layout()
     return fig
+
+
+def peak_phase(context: int, mode: str = "train", dtype: str = "fp32") -> str:
+    """The phase whose stretch of the stored timeline holds its highest point."""
+    r = timeline_row(context, mode, dtype)
+    at = r.event[max(range(len(r.gib)), key=r.gib.__getitem__)]
+    return [name for name, start in r.phases if start <= at][-1]
+
+
+SNAPSHOT_CELLS = {(128, "forward"), (128, "train"), (512, "forward"), (512, "train"), (2048, "forward")}
+
+
+def snapshot_cells() -> set[tuple[int, str]]:
+    """The (context, mode) cells with a stored fp32 timeline."""
+    t = ok("memory/timeline")
+    t = t[t.dtype == "fp32"]
+    return {(int(c), m) for c, m in zip(t.context, t["mode"])}
 
 
 def largest(mode: str, context: int = SNAPSHOT_CONTEXT) -> pd.DataFrame:
@@ -461,6 +478,79 @@ def peak_figure():
     return fig
 
 
+# ---- finer than a block, measured: the sub-block cells beside k = 0, 1, 2 ---------------------------
+
+SUBLAYER_LABELS = {"attn": "attention branch", "ffn": "feed-forward branch", "attn+ffn": "each branch (k = 1/2)"}
+
+
+def sublayer_rows() -> pd.DataFrame:
+    """The newest row per sub-block granularity at the handout's setting, indexed by it."""
+    df = load_results(SUBLAYER_BENCH)
+    df = df[(df["size"] == SIZE) & (df["batch"] == BATCH) & (df["context"] == CONTEXT)]
+    return newest(df, ["sublayers", "dtype", "attention", "mode"]).set_index("sublayers")
+
+
+def measured_granularity() -> pd.DataFrame:
+    """No checkpointing, k = 1 and 2 (the block-size sweep's newest rows) and the three sub-block
+    granularities: status, peak, what the forward left saved, the step time, and the share of the
+    forward each recomputes (by FLOPs, as in the granularity table)."""
+    blocks = rows().set_index("checkpoint_every")
+    recomputed = granularity().set_index("checkpointed")["recomputed"]
+    label = {0: "none", 1: "k = 1 (a block)", 2: "k = 2"}
+    picked = [(label[k], blocks.loc[k], 0.0 if k == 0 else 1.0) for k in (0, 1, 2)]
+    picked += [(SUBLAYER_LABELS[g], r, float(recomputed[g])) for g, r in sublayer_rows().iterrows()]
+    return pd.DataFrame([{"granularity": name, "status": r.status, "peak_gib": r.peak_mem_gib,
+                          "saved_gib": r.saved_after_forward_gib, "step_s": r.median_ms / 1e3, "recomputed": share,
+                          "time_utc": r.time_utc} for name, r, share in picked]).set_index("granularity", drop=False)
+
+
+def measured_granularity_table() -> str:
+    df = measured_granularity()
+    table = pd.DataFrame({"checkpointed": df["granularity"],
+                          "status": df["status"].map({"ok": "ran", "oom": "out of memory"}), "peak (GiB)": df.peak_gib,
+                          "saved after forward (GiB)": df.saved_gib, "step (s)": df.step_s,
+                          "forward recomputed": df.recomputed.map("{:.0%}".format)})
+    blocks = rows()
+    return (markdown_table(table, floatfmt=".2f") + "\n\n"
+            + provenance_line(blocks[blocks["checkpoint_every"] <= 2], source("memory/checkpointing")) + "\n\n"
+            + provenance_line(sublayer_rows(), source(SUBLAYER_BENCH)))
+
+
+def _g(name: str, column: str) -> float:
+    return float(measured_granularity().loc[name, column])
+
+
+HALF, ONE, ATTN, FFN = "each branch (k = 1/2)", "k = 1 (a block)", "attention branch", "feed-forward branch"
+
+
+def _half_block_ties_one_block() -> bool:
+    """Measured: k = 1/2 keeps more after the forward (twice the inputs) yet peaks where k = 1 does
+    (0.01 GiB: the allocator's peak is exact, a real difference would be a tensor's worth) and takes
+    about its time (2%). Why: the backward's level rises block by block, as one block's gradients
+    outweigh its two inputs freed, so the peak is at the last block's attention backward, where
+    every gradient is allocated and both hold the same; the weights, gradients, that branch's
+    residuals and working set and one input come within 10% of it (the working set is an estimate,
+    held within 20% by tests/test_checkpointing.py)."""
+    A, W = branch_bytes(), branch_backward_bytes(CKPT, BATCH, CONTEXT)
+    G, c = block_parameter_bytes(CKPT), checkpoint_bytes()
+    at_end = (8 * count_parameters(CKPT)["total"] + A["attn"] + W["attn"] + c) / GiB
+    return (_g(HALF, "saved_gib") > _g(ONE, "saved_gib") and abs(_g(HALF, "peak_gib") - _g(ONE, "peak_gib")) < 0.01
+            and abs(_g(HALF, "step_s") / _g(ONE, "step_s") - 1) < 0.02 and G > 2 * c
+            and A["attn"] + W["attn"] > A["attn"] + A["ffn"] + W["ffn"]
+            and all(near(_g(g, "peak_gib"), at_end, 0.10) for g in (HALF, ONE)))
+
+
+def _one_branch_is_faster_at_twice_the_memory() -> bool:
+    """Measured: each branch alone fits, peaks over twice k = 1 (feed-forward alone highest, as it
+    keeps every attention branch's residuals) and steps over 5% faster than k = 1; the two take the
+    same time (1%) though their recomputed FLOPs differ by a factor of two."""
+    one = _g(ONE, "peak_gib")
+    return (all(2 * one < _g(b, "peak_gib") < capacity_gib() and _g(b, "step_s") < 0.95 * _g(ONE, "step_s")
+                for b in (ATTN, FFN))
+            and _g(FFN, "peak_gib") > _g(ATTN, "peak_gib") and abs(_g(ATTN, "step_s") / _g(FFN, "step_s") - 1) < 0.01
+            and _g(FFN, "recomputed") > 2 * _g(ATTN, "recomputed"))
+
+
 _mib = lambda x: f"{x:,.0f}"
 
 register(
@@ -552,15 +642,26 @@ register(
         "ckpt_attn_alone_walked_gib": lambda: f"{_granular('attn', 'backward_peak_bytes') / GiB:.0f}",
         "ckpt_ffn_alone_walked_gib": lambda: f"{_granular('ffn', 'backward_peak_bytes') / GiB:.0f}",
         "ckpt_attn_recomputed": lambda: f"{_granular('attn', 'recomputed'):.0%}",
+        "ckpt_ffn_recomputed": lambda: f"{_granular('ffn', 'recomputed'):.0%}",
+        "ckpt_half_peak_gib": lambda: f"{_g(HALF, 'peak_gib'):.1f}",
+        "ckpt_half_step_s": lambda: f"{_g(HALF, 'step_s'):.2f}",
+        "ckpt_one_step_s": lambda: f"{_g(ONE, 'step_s'):.2f}",
+        "ckpt_attn_peak_gib": lambda: f"{_g(ATTN, 'peak_gib'):.1f}",
+        "ckpt_ffn_peak_gib": lambda: f"{_g(FFN, 'peak_gib'):.1f}",
+        "ckpt_branch_faster_pct": lambda: f"{100 * (1 - max(_g(ATTN, 'step_s'), _g(FFN, 'step_s')) / _g(ONE, 'step_s')):.0f}",
+        "ckpt_grad_per_block_mib": lambda: _mib(block_parameter_bytes(CKPT) / MiB),
+        "ckpt_two_inputs_mib": lambda: _mib(2 * checkpoint_bytes() / MiB),
     },
     tables={
         "peaks": peaks_table, "start": start_table, "residual_derivation": residual_derivation,
         "residual_sites": residual_sites_table, "largest_forward": lambda: largest_table("forward", 8),
         "largest_train": lambda: largest_table("train"), "block_saved": block_saved_table,
         "ckpt_strategies": strategy_table, "ckpt_block_sizes": block_size_table,
-        "ckpt_granularity": granularity_table_md,
+        "ckpt_granularity": granularity_table_md, "ckpt_granularity_measured": measured_granularity_table,
     },
     figures={
+        "timeline_128_train": lambda: timeline_figure(128, "train"),
+        "timeline_128_forward": lambda: timeline_figure(128, "forward"),
         "timeline_512_train": lambda: timeline_figure(512, "train"),
         "timeline_512_forward": lambda: timeline_figure(512, "forward"),
         "timeline_2048_forward": lambda: timeline_figure(2048, "forward"), "ckpt_peaks": peak_figure,
@@ -569,6 +670,8 @@ register(
         # (a): weights, gradients and two moments; the rest is small buffers (under 2%)
         "training_starts_from_four_copies": lambda: all(
             near(peak(512, "train", dt, "before_mib"), 4 * weights_mib(), 0.02) for dt in ("fp32", "bf16")),
+        "snapshot_cells_as_listed": lambda: snapshot_cells() == SNAPSHOT_CELLS,
+        "short_context_peaks_in_the_optimizer": lambda: peak_phase(128) == "optimizer",
         # the offset is block rounding, not activations: the same to 1 MiB
         "timeline_offset_same_at_both_ends": lambda: abs(resident_offset_mib()[0] - resident_offset_mib()[1]) <= 1.0,
         "inference_adds_little": lambda: [extra(c, "forward") for c in (128, 256, 512)]
@@ -630,7 +733,8 @@ register(
         "branches_add_to_a_block": lambda: sum(branch_bytes().values()) == block_bytes(),
         "half_block_peaks_above_one_block": _half_block_peaks_above_one_block,
         "one_branch_keeps_the_other": _one_branch_keeps_the_other,
-        "sublayers_not_yet_measured": lambda: rows_if_any(SUBLAYER_BENCH).empty,
+        "half_block_ties_one_block": _half_block_ties_one_block,
+        "one_branch_is_faster_at_twice_the_memory": _one_branch_is_faster_at_twice_the_memory,
         "every_cell_starts_alike": lambda: ok_rows()["params_gib"].max() - ok_rows()["params_gib"].min() < 0.1
         and ok_rows()["warmup"].nunique() == 1 and ok_rows()["steps"].nunique() == 1,
     },

@@ -2,7 +2,8 @@
 (docs/mixed-precision.md), and the bf16 cells measured twice (docs/mixed-precision/bf16-timings.md).
 
 Rows: results/mixed-precision/ and the end-to-end grid (results/end-to-end/timings/, fp32 against
-bf16 autocast; a re-measured cell keeps its first row). The binade walk is computed when the page is
+bf16 autocast; a re-measured cell keeps its first row), and for the 2026 sizes the phases sweep
+(results/end-to-end/phases/, read through report.profiling). The binade walk is computed when the page is
 built: it is IEEE arithmetic, the same on any machine.
 """
 
@@ -13,7 +14,7 @@ import torch
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
-from report.profiling import SIZES, by_size, kernel_cells
+from report.profiling import PHASES_BENCH, SIZES, SIZES_2026, by_size, kernel_cells, phase, phase_rows
 from report.registry import register
 from report.results import load_results, markdown_table, newest, ok, with_source
 from report.units import pm, span
@@ -209,6 +210,39 @@ def _launching_takes_the_bf16_time() -> bool:
                for c in ("bf16 forward, first run ms", "bf16 forward, re-run ms"))
 
 
+# ---- (c), 2026: every size of the 2026 table, 10B included (the profiling chapter's phases sweep) ----
+
+def phase_speedups() -> pd.DataFrame:
+    """Per 2026 size: the forward+backward step (its two phases summed) in fp32 and bf16, and fp32
+    over bf16 for it and for the training step (NaN where the training step ran out of memory)."""
+    out = []
+    for size in SIZES_2026:
+        fb = {dt: phase(size, "forward-backward", dt).step_mean_ms for dt in ("fp32", "bf16")}
+        train = {dt: phase(size, "train", dt) for dt in ("fp32", "bf16")}
+        ran = all(r.status == "ok" for r in train.values())
+        out.append({"size": size, "fb_fp32_ms": fb["fp32"], "fb_bf16_ms": fb["bf16"], "fb_speedup": fb["fp32"] / fb["bf16"],
+                    "train_speedup": train["fp32"].step_mean_ms / train["bf16"].step_mean_ms if ran else float("nan")})
+    return pd.DataFrame(out).set_index("size", drop=False)
+
+
+def phase_speedup_table() -> str:
+    s = phase_speedups()
+    shown = pd.DataFrame({"size": s["size"], "forward+backward fp32 ms": s.fb_fp32_ms, "bf16 ms": s.fb_bf16_ms,
+                          "speed-up": s.fb_speedup, "training step speed-up": s.train_speedup})
+    return with_source(shown, PHASES_BENCH, used=phase_rows().reset_index(),
+                       formats={"forward+backward fp32 ms": ",.0f", "bf16 ms": ",.0f", "speed-up": ".1f",
+                                "training step speed-up": lambda v: "out of memory" if pd.isna(v) else f"{v:.1f}"})
+
+
+def _phase_speedups_as_answered() -> bool:
+    """The forward+backward speed-up grows with size over the five 2026 sizes; the 2.7B training
+    step gains less than its forward+backward (its optimizer step does not speed up); 10B has no
+    training step in either dtype."""
+    s = phase_speedups()
+    return (s.fb_speedup.is_monotonic_increasing and s.train_speedup["2.7B"] < s.fb_speedup["2.7B"]
+            and pd.isna(s.train_speedup["10B"]) and s.train_speedup.drop("10B").notna().all())
+
+
 register(
     "mixed_precision",
     facts={
@@ -236,6 +270,11 @@ register(
         "peak_ratio": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}",
         "bf16_cv_max": lambda: f"{spread('bf16').max():.0%}",
         "fp32_cv_max": lambda: f"{spread('fp32').max():.1%}",
+        # (c), 2026
+        "phase_speedup_small": lambda: f"{phase_speedups().fb_speedup['small']:.1f}",
+        "phase_speedup_10b": lambda: f"{phase_speedups().fb_speedup['10B']:.1f}",
+        "phase_speedup_27b": lambda: f"{phase_speedups().fb_speedup['2.7B']:.1f}",
+        "phase_speedup_27b_train": lambda: f"{phase_speedups().train_speedup['2.7B']:.1f}",
         # bf16-timings.md
         "launch_us": lambda: f"{python_us_per_launch():.0f}",
         "remeasured_change": lambda: span(remeasured_rows().change, "+.0%"),
@@ -252,7 +291,7 @@ register(
         "autocast": lambda: with_source(load_results("mixed-precision/autocast_dtypes").pivot_table(
             index=["device_type", "tensor"], columns="autocast", values="dtype", aggfunc="first").reset_index()
             .rename_axis(columns=None), "mixed-precision/autocast_dtypes"),
-        "remeasured": remeasured_table,
+        "remeasured": remeasured_table, "phase_speedups": phase_speedup_table,
         "fp32_repeats": lambda: markdown_table(fp32_repeats(), floatfmt=",.1f", formats={"difference": "+.1%"}),
         "launch_estimate": lambda: markdown_table(launch_estimate(), floatfmt=".0f"),
     },
@@ -281,5 +320,6 @@ register(
         "fp32_repeats_agree": lambda: _fp32_repeat(["large", "xl", "2.7B"]) < 0.02
         and _fp32_repeat(["small"]) > _fp32_repeat(["large", "xl", "2.7B"]) and set(fp32_repeats()["size"]) == set(SIZES),
         "launching_takes_the_bf16_time": _launching_takes_the_bf16_time,
+        "phase_speedups_as_answered": _phase_speedups_as_answered,
     },
 )

@@ -1,8 +1,9 @@
 """The profiling chapter's numbers: end-to-end timings, the warm-up study, the kernel profiles and
 the double count of the first attribution (docs/profiling.md, docs/profiling/double-count.md).
 
-Rows: results/end-to-end/{timings,warmup}/ and results/profiling/{kernel_cells,kernels}/ (one row
-per profiled cell, one per kernel, phase and region of it).
+Rows: results/end-to-end/{timings,warmup,phases}/ and results/profiling/{kernel_cells,kernels}/ (one
+row per profiled cell, one per kernel, phase and region of it); for the 2026 edition's cells,
+results/profiling/context_probe/ (the longest context that fits) and longest_fit_{cells,kernels}/.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from cs336_systems.profiling.sweeps import warmup_stats
 from cs336_systems.profiling.torch_profile import is_matmul, short_name
 from report.figures import new_figure
 from report.registry import register
-from report.results import load_results, newest, ok, rows_if_any, with_source
+from report.results import load_results, newest, ok, with_source
 from report.units import listed, pm, span
 
 SIZES = list(PRESETS)  # small ... 2.7B
@@ -130,10 +131,15 @@ def profiled_cells() -> pd.DataFrame:
     return newest(load_results("profiling/kernel_cells"), ["size", "context"])
 
 
-def kernel_cells() -> pd.DataFrame:
-    """The newest row per (size, context) of the profiler grid, in size then context order, with the
-    matmul shares of forward+backward and of the whole step, and the non-matmul share."""
-    c = by_size(newest(ok("profiling/kernel_cells"), ["size", "context"]).sort_values("context"))
+GRID = ("profiling/kernel_cells", "profiling/kernels")  # the 2025 grid: every size, contexts 128 to 1,024
+LONGEST = (LONGEST_CELLS, LONGEST_KERNELS)  # the 2026 cells: two sizes up to the longest context that fits
+
+
+def kernel_cells(grid: tuple[str, str] = GRID) -> pd.DataFrame:
+    """The newest row per (size, context) of a profiler grid (its cells' and kernels' benches), in
+    size then context order, with the matmul shares of forward+backward and of the whole step, and
+    the non-matmul share."""
+    c = by_size(newest(ok(grid[0]), ["size", "context"]).sort_values("context"))
     mm = c.fwd_kernel_ms * c.fwd_matmul_share + c.bwd_kernel_ms * c.bwd_matmul_share
     fb = c.fwd_kernel_ms + c.bwd_kernel_ms
     return c.assign(fb_matmul_share=mm / fb, step_matmul_share=mm / (fb + c.opt_kernel_ms),
@@ -146,14 +152,14 @@ def overcounted(r) -> list[str]:
     return [p for p in PHASES if r[f"{p}_kernel_ms"] > r[f"{p}_range_ms"] * (1 + RANGE_TOLERANCE)]
 
 
-def kernel_rows() -> pd.DataFrame:
+def kernel_rows(grid: tuple[str, str] = GRID) -> pd.DataFrame:
     """The kernel rows of the newest profiler run of each cell. Cells whose row names its `cell_run`
     get that run's kernels only; older cells (no run id) keep the newest row per kernel."""
-    k = ok("profiling/kernels")
+    k = ok(grid[1])
     if "cell_run" not in k:
         k = k.assign(cell_run=None)
     parts = []
-    for _, r in kernel_cells().iterrows():
+    for _, r in kernel_cells(grid).iterrows():
         kk = k[(k["size"] == r["size"]) & (k["context"] == r.context)]
         run = r.get("cell_run")
         parts.append(kk[kk["cell_run"] == run] if isinstance(run, str) else
@@ -178,17 +184,19 @@ def phase_table() -> str:
     return with_source(shown, "profiling/kernel_cells", used=c)
 
 
-def top_kernels(context: int = 512) -> pd.DataFrame:
-    """(b) per size: the forward's top kernel and its launches (as layers x k + rest), the backward's,
-    and the top kernel of forward and backward together."""
-    c = kernel_cells()
-    k = kernel_rows()
-    k = k[(k["context"] == context) & k["phase"].isin(["forward", "backward"])]
+def top_kernels(context: int | None = 512, grid: tuple[str, str] = GRID) -> pd.DataFrame:
+    """(b) per cell at one context (None: every cell of the grid): the forward's top kernel and its
+    launches (as layers x k + rest), the backward's, and the top kernel of forward and backward together."""
+    c = kernel_cells(grid)
+    c = c if context is None else c[c["context"] == context]
+    k = kernel_rows(grid)
+    k = k[k["phase"].isin(["forward", "backward"])]
     out = []
-    for _, r in c[c["context"] == context].iterrows():
+    for _, r in c.iterrows():
         layers = get_config(r["size"]).num_layers
-        both = k[k["size"] == r["size"]].groupby("kernel")["total_ms"].sum().idxmax()
-        out.append({"size": r["size"], "layers": layers, "fwd_top": r.fwd_top_kernel,
+        kk = k[(k["size"] == r["size"]) & (k["context"] == r.context)]
+        both = kk.groupby("kernel")["total_ms"].sum().idxmax()
+        out.append({"size": r["size"], "context": int(r.context), "layers": layers, "fwd_top": r.fwd_top_kernel,
                     "fwd_calls": int(r.fwd_top_calls), "per_layer": int(r.fwd_top_calls) // layers,
                     "rest": int(r.fwd_top_calls) % layers, "fwd_ms": r.fwd_top_ms,
                     "fwd_share": r.fwd_top_ms / r.fwd_kernel_ms, "bwd_top": r.bwd_top_kernel,
@@ -224,13 +232,13 @@ def kernel_list(size: str, context: int, phase: str, n: int = 8, matmul: bool | 
     return with_source(g[["kernel", "calls", "ms", "share of phase"]], "profiling/kernels", used=k)
 
 
-def attention_region_rows() -> pd.DataFrame:
+def attention_region_rows(grid: tuple[str, str] = GRID) -> pd.DataFrame:
     """(e) per profiler cell, the forward's attention regions; the softmax region against the two
     matmul kernels alone (the scaling kernel of the scores region left out), in time and in FLOPs."""
-    k = kernel_rows()
+    k = kernel_rows(grid)
     k = k[(k["phase"] == "forward") & k["region"].isin(["attn_scores", "attn_output"]) & k["kernel"].map(is_matmul)]
     out = []
-    for _, r in kernel_cells().iterrows():
+    for _, r in kernel_cells(grid).iterrows():
         cfg = get_config(r["size"])
         mm = k[(k["size"] == r["size"]) & (k["context"] == r.context)]["total_ms"].sum()
         f = attention_flops(4, cfg.num_heads, int(r.context), cfg.d_head)
@@ -333,12 +341,192 @@ def _collisions_explain_inflation() -> bool:
     return len(hit) > 0 and hit["colliding CPU ids"].min() > c.drop(hit.index)["colliding CPU ids"].max()
 
 
-# -- the 2026 edition: its five sizes, 10B among them (phases and longest-fit rows not yet measured) --
+# ---- the 2026 edition: every size's phases, 10B among them ----------------------------------------
 
 SIZES_2026 = edition_presets("2026")  # small, medium, large, 2.7B (the 2026 "xl"), 10B
 PHASES_BENCH = "end-to-end/phases"
 PHASE_BATCH, PHASE_CONTEXT = 4, 512  # the phases part's cells (profiling/sweeps.py: batch 4, --context)
 FP32_ADAMW_BYTES = 16  # per parameter: fp32 weights, gradients and AdamW's two moments
+
+
+def phase_rows() -> pd.DataFrame:
+    """The newest row per (size, mode, dtype) of the phases sweep, whatever its status, indexed so."""
+    return newest(load_results(PHASES_BENCH), ["size", "mode", "dtype"]).set_index(["size", "mode", "dtype"]).sort_index()
+
+
+def phase(size: str, mode: str, dtype: str) -> pd.Series:
+    return phase_rows().loc[(size, mode, dtype)]
+
+
+def phase_cells() -> pd.DataFrame:
+    """One row per (size, dtype), 2026 sizes in order: each phase's mean and std from the training
+    step; where the training step ran out of memory, the forward and backward of the
+    forward+backward step, and the failure (its phase, the allocator's peak when it failed)."""
+    out = []
+    for size in SIZES_2026:
+        for dtype in ("fp32", "bf16"):
+            train, fb = phase(size, "train", dtype), phase(size, "forward-backward", dtype)
+            timed = train if train.status == "ok" else fb
+            row = {"size": size, "dtype": dtype, "train_status": train.status, "oom_phase": train.get("oom_phase"),
+                   "oom_step": train.get("oom_step"), "oom_peak_gib": train.get("peak_mib_at_oom", float("nan")) / 1024,
+                   "fb_peak_gib": fb.peak_mem_gib, "peak_gib": train.peak_mem_gib}
+            for ph in ("forward", "backward", "optimizer"):
+                row[f"{ph}_ms"], row[f"{ph}_std"] = timed.get(f"{ph}_mean_ms"), timed.get(f"{ph}_std_ms")
+            row["step_ms"], row["step_std"] = train.step_mean_ms, train.step_std_ms
+            out.append(row)
+    df = pd.DataFrame(out)
+    return df.assign(bwd_over_fwd=df.backward_ms / df.forward_ms, opt_share=df.optimizer_ms / df.step_ms)
+
+
+def phases_2026_table() -> str:
+    c = phase_cells()
+    fmt = lambda m, s: "—" if pd.isna(m) else pm(m, s)
+    oom = lambda r: f"out of memory ({r.oom_peak_gib:.1f} GiB allocated)"
+    shown = pd.DataFrame({
+        "size": c["size"], "dtype": c["dtype"],
+        **{f"{ph} ms": [fmt(m, s) for m, s in zip(c[f"{ph}_ms"], c[f"{ph}_std"])] for ph in ("forward", "backward")},
+        "optimizer ms": [fmt(r.optimizer_ms, r.optimizer_std) if r.train_status == "ok" else oom(r) for r in c.itertuples()],
+        "training step ms": [fmt(m, s) for m, s in zip(c.step_ms, c.step_std)],
+        "peak GiB": [f"{p:.1f}" if r.train_status == "ok" else "—" for p, r in zip(c.peak_gib, c.itertuples())]})
+    return with_source(shown, PHASES_BENCH, used=phase_rows().reset_index())
+
+
+def phase_sum_over_timings(dtype: str = "fp32") -> pd.Series:
+    """Per 2025 size: the synchronised phases of a training step, summed, over the unsynchronised
+    training step of the timings grid (another process)."""
+    t = timings(dtype)
+    return pd.Series({s: phase(s, "train", dtype).step_mean_ms / t.loc[(s, "train"), "mean_ms"] for s in SIZES
+                      if (s, "train", dtype) in phase_rows().index})
+
+
+def _ten_b_training_ran_out_in_the_optimizer() -> bool:
+    """Both dtypes: forward+backward ran, peaking at the weights and gradients (within 2%: what lies
+    beyond is the loss's tensors); the training step failed in the optimizer phase of its first step,
+    with more than the weights and gradients allocated and less than the H200's capacity."""
+    m = ten_b_memory()
+    wg = m["weights_gib"] + m["grads_gib"]
+    c = phase_cells().set_index(["size", "dtype"])
+    return all(c.loc[("10B", dt), "train_status"] == "oom" and c.loc[("10B", dt), "oom_phase"] == "optimizer"
+               and c.loc[("10B", dt), "oom_step"] == 0 and wg < c.loc[("10B", dt), "oom_peak_gib"] < h200_capacity_gib()
+               and phase("10B", "forward-backward", dt).status == "ok" for dt in ("fp32", "bf16")) \
+        and abs(c.loc[("10B", "fp32"), "fb_peak_gib"] / wg - 1) < 0.02 \
+        and (c.drop(index="10B", level="size").train_status == "ok").all()
+
+
+def _backward_about_twice_forward() -> bool:
+    # fp32 only: the bf16 phases of the small to large models swing by up to a fifth of their mean
+    c = phase_cells()
+    return c[c.dtype == "fp32"].bwd_over_fwd.between(1.5, 2.5).all()
+
+
+def _optimizer_shortest_in_fp32() -> bool:
+    c = phase_cells()
+    c = c[(c.dtype == "fp32") & (c.train_status == "ok")]
+    return bool((c.optimizer_ms < c.forward_ms).all())
+
+
+def _optimizer_ignores_the_dtype() -> bool:
+    """AdamW runs in fp32 under either dtype: its phase takes the same time (within 15%: the bf16
+    small to large cells are noisy) at every size that trained, and its share of the 2.7B step grows
+    under bf16 by more than four times."""
+    c = phase_cells().set_index(["size", "dtype"])
+    sizes = [s for s in SIZES_2026 if c.loc[(s, "fp32"), "train_status"] == "ok"]
+    return all(abs(c.loc[(s, "bf16"), "optimizer_ms"] / c.loc[(s, "fp32"), "optimizer_ms"] - 1) < 0.15 for s in sizes) \
+        and c.loc[("2.7B", "bf16"), "opt_share"] > 4 * c.loc[("2.7B", "fp32"), "opt_share"]
+
+
+def _phases_cost_the_launch_bound_most() -> bool:
+    """fp32: the synchronised phases add up to no less than the unsynchronised step, within 1% at
+    2.7B and at most 10% more where launches dominate (small, medium)."""
+    r = phase_sum_over_timings("fp32")
+    return (r >= 1).all() and r["2.7B"] < 1.01 and r.max() < 1.10 and r.idxmax() in ("small", "medium")
+
+
+# ---- the 2026 edition: the longest context that fits, and the kernel tables there ------------------
+
+def probe_rows() -> pd.DataFrame:
+    """The newest row per (size, context) of the context probe, whatever its status, in size then
+    context order."""
+    return by_size(newest(load_results(PROBE_BENCH), ["size", "context"]).sort_values("context")).reset_index(drop=True)
+
+
+def longest_fit(size: str) -> int:
+    p = probe_rows()
+    return int(p[(p["size"] == size) & (p["status"] == "ok")].context.max())
+
+
+def first_oom(size: str) -> int:
+    p = probe_rows()
+    return int(p[(p["size"] == size) & (p["status"] == "oom")].context.min())
+
+
+def score_matrix_mib(size: str, context: int, batch: int = 4) -> float:
+    """One fp32 (batch, heads, context, context) attention score matrix."""
+    return batch * get_config(size).num_heads * context * context * 4 / 2**20
+
+
+def probe_table() -> str:
+    p = probe_rows()
+    result = lambda r: ("fits" if r.status == "ok" else
+                        f"out of memory: asked for {r.tried_mib:,.0f} MiB with {r.allocated_by_pytorch_mib / 1024:.1f} GiB allocated")
+    shown = pd.DataFrame({"size": p["size"], "context": p.context, "result": [result(r) for r in p.itertuples()],
+                          "second step ms": [r.step_ms[-1] if r.status == "ok" else None for r in p.itertuples()],
+                          "peak GiB": [r.peak_mib / 1024 if r.status == "ok" else None for r in p.itertuples()]})
+    return with_source(shown, PROBE_BENCH, used=p, formats={"context": ",", "second step ms": ",.0f", "peak GiB": ".1f"})
+
+
+def _longest_fit_as_probed() -> bool:
+    """Each size: contexts doubling from 256, every one fitting but the last, which ran out of memory
+    asking for one attention score matrix; the profiled cells are the longest and the two below it."""
+    p, cells = probe_rows(), kernel_cells(LONGEST)
+    good = True
+    for size in ("small", "2.7B"):
+        q = p[p["size"] == size]
+        ctx = list(q.context)
+        last = q.iloc[-1]
+        good &= (ctx == [256 * 2**i for i in range(len(ctx))] and (q.status.iloc[:-1] == "ok").all()
+                 and last.status == "oom" and last.tried_mib == score_matrix_mib(size, int(last.context))
+                 and list(cells[cells["size"] == size].context) == [longest_fit(size) // 4, longest_fit(size) // 2,
+                                                                    longest_fit(size)])
+    return bool(good)
+
+
+def longest_fit_table() -> str:
+    """(a), (d) and (e) at the 2026 cells: profiler against timer, matmul shares, softmax against matmuls."""
+    c, a = kernel_cells(LONGEST), attention_region_rows(LONGEST)
+    share = lambda s: s.map("{:.0%}".format)
+    shown = pd.DataFrame({
+        "size": c["size"], "ctx": c.context, "fwd kernels ms": c.fwd_kernel_ms, "fwd Python timer ms": c.fwd_python_ms,
+        "kernels / timer": c.fwd_kernel_ms / c.fwd_python_ms, "matmul share fwd": share(c.fwd_matmul_share),
+        "fwd+bwd": share(c.fb_matmul_share), "whole step": share(c.step_matmul_share), "optimizer ms": c.opt_kernel_ms,
+        "softmax / matmul time": a.time_ratio.to_numpy(), "softmax / matmul FLOPs": a.flop_ratio.to_numpy()})
+    pct = lambda fmt: (lambda v: format(v, fmt))
+    return with_source(shown, LONGEST_CELLS, used=c, formats={
+        "ctx": ",", "fwd kernels ms": ",.1f", "fwd Python timer ms": ",.1f", "optimizer ms": ".1f", "kernels / timer": pct(".0%"), "softmax / matmul time": pct(".0%"), "softmax / matmul FLOPs": pct(".1%")})
+
+
+def _longest(size: str) -> pd.DataFrame:
+    c = kernel_cells(LONGEST)
+    return c[c["size"] == size].set_index("context")
+
+
+def _long_contexts_as_answered() -> bool:
+    """(a) every cell's forward kernels within 10% of the timer; (b) the top forward kernel the fp32
+    SIMT GEMM, the same launches in every layer; (d) the matmul share of the forward falls with the
+    context in both sizes; (e) softmax over matmul time grows with the context in both and passes 1
+    only in the small model's two longest cells, the FLOP ratio under 2%."""
+    c, a, t = kernel_cells(LONGEST), attention_region_rows(LONGEST), top_kernels(None, LONGEST)
+    return ((c.fwd_kernel_ms / c.fwd_python_ms).between(0.9, 1.0).all()
+            and t.fwd_top.str.startswith("sm80_xmma_gemm_f32f32").all() and set(t.rest) <= {0, 1}
+            and all(_longest(s).fwd_matmul_share.is_monotonic_decreasing for s in ("small", "2.7B"))
+            and all(a[a["size"] == s].time_ratio.is_monotonic_increasing for s in ("small", "2.7B"))
+            and set(a[a.time_ratio > 1].context) == {longest_fit("small") // 2, longest_fit("small")}
+            and (a[a.time_ratio > 1]["size"] == "small").all() and (a.flop_ratio < 0.02).all())
+
+
+def _share_fall(size: str) -> str:
+    s = _longest(size).fwd_matmul_share
+    return f"{s.iloc[0]:.0%} at {s.index[0]:,} to {s.iloc[-1]:.0%} at {s.index[-1]:,}"
 
 
 def ten_b_memory() -> dict:
@@ -380,6 +568,25 @@ register(
         "train_state_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib']:.0f}",
         "h200_capacity_gib": lambda: f"{h200_capacity_gib():.1f}",
         "peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
+        # (b), 2026
+        "bwd_over_fwd_2026": lambda: span(phase_cells().query("dtype == 'fp32'").bwd_over_fwd, ".1f"),
+        "opt_ms_small": lambda: f"{phase('small', 'train', 'fp32').optimizer_mean_ms:.0f}",
+        "opt_ms_27b": lambda: f"{phase('2.7B', 'train', 'fp32').optimizer_mean_ms:.0f}",
+        "opt_share_27b_fp32": lambda: f"{phase_cells().set_index(['size', 'dtype']).opt_share[('2.7B', 'fp32')]:.0%}",
+        "opt_share_27b_bf16": lambda: f"{phase_cells().set_index(['size', 'dtype']).opt_share[('2.7B', 'bf16')]:.0%}",
+        "fb_peak_10b_gib": lambda: f"{phase('10B', 'forward-backward', 'fp32').peak_mem_gib:.1f}",
+        "oom_allocated_10b_gib": lambda: f"{phase('10B', 'train', 'fp32').peak_mib_at_oom / 1024:.1f}",
+        "phase_sum_excess_27b": lambda: f"{phase_sum_over_timings()['2.7B'] - 1:.1%}",
+        "phase_sum_excess_max": lambda: f"{phase_sum_over_timings().max() - 1:.0%}",
+        # nsys_profile, 2026
+        "longest_small": lambda: f"{longest_fit('small'):,}",
+        "first_oom_small": lambda: f"{first_oom('small'):,}",
+        "longest_27b": lambda: f"{longest_fit('2.7B'):,}",
+        "first_oom_27b": lambda: f"{first_oom('2.7B'):,}",
+        "lf_kernels_over_timer": lambda: span(kernel_cells(LONGEST).eval("fwd_kernel_ms / fwd_python_ms"), ".0%"),
+        "lf_fwd_matmul_small": lambda: _share_fall("small"),
+        "lf_fwd_matmul_27b": lambda: _share_fall("2.7B"),
+        "lf_softmax_small_longest": lambda: f"{attention_region_rows(LONGEST).set_index(['size', 'context']).time_ratio[('small', longest_fit('small'))]:.0%}",
         # (b)
         "fb_cv_max": lambda: f"{e2e_ratios().fb_cv.max():.1%}",
         "time_ratio_large_small": lambda: f"{e2e_ratios().fb_ms['2.7B'] / e2e_ratios().fb_ms['small']:.0f}",
@@ -429,7 +636,8 @@ register(
         "quiet_colliding_max": lambda: f"{rerun_checks().drop(inflated().index)['colliding CPU ids'].max():,}",
     },
     tables={
-        "e2e": e2e_table, "warmup": warmup_table, "phases": phase_table, "top_kernels": lambda: top_kernel_table(512),
+        "e2e": e2e_table, "warmup": warmup_table, "phases": phase_table, "phases_2026": phases_2026_table,
+        "probe": probe_table, "longest_fit": longest_fit_table, "top_kernels": lambda: top_kernel_table(512),
         "xl_forward_other": lambda: kernel_list("xl", 512, "forward", 8, matmul=False),
         "xl_backward_other": lambda: kernel_list("xl", 512, "backward", 8, matmul=False),
         "attention_regions": attention_regions_table,
@@ -476,8 +684,13 @@ register(
         # the 2026 edition
         "the_2026_table": _the_2026_table,
         "ten_b_training_cannot_fit": _ten_b_training_cannot_fit,
-        "phases_not_yet_measured": lambda: rows_if_any(PHASES_BENCH).empty,
-        "longest_fit_not_yet_measured": lambda: all(rows_if_any(b).empty for b in (PROBE_BENCH, LONGEST_CELLS, LONGEST_KERNELS)),
+        "ten_b_training_ran_out_in_the_optimizer": _ten_b_training_ran_out_in_the_optimizer,
+        "backward_about_twice_forward_2026": _backward_about_twice_forward,
+        "optimizer_shortest_in_fp32": _optimizer_shortest_in_fp32,
+        "optimizer_ignores_the_dtype": _optimizer_ignores_the_dtype,
+        "phases_cost_the_launch_bound_most": _phases_cost_the_launch_bound_most,
+        "longest_fit_as_probed": _longest_fit_as_probed,
+        "long_contexts_as_answered": _long_contexts_as_answered,
         # double-count.md
         "first_run_overcounted_rerun_fits": lambda: len(marked_rows()) > 0
         and (marked_rows()["first: kernels / range"] > 1).all()
