@@ -168,6 +168,7 @@ FACTS = {
     "prof_matmul_share": lambda: f'{profile_ms().loc["matmul", "stock"] / profile_wall_ms("stock"):.0%}',
     "prof_attention_share": lambda: f'{profile_ms().loc[["attention forward", "attention backward"], "stock"].sum() / profile_wall_ms("stock"):.0%}',
     "prof_idle_ms": lambda: f'{profile_ms().loc["idle"].max():.0f}',
+    "gap_per_layer_ms": lambda: f'{(best("ours").step_ms - best("stock").step_ms) / CFG.num_layers:.1f}',
     "cold_first_step_s": lambda: f'{cold_row().since_start_to_first_step_s:.0f}',
     "cold_step_ms": lambda: f'{cold_row().step_ms:,.0f}',
 }
@@ -181,6 +182,8 @@ register("training_step", facts=FACTS, tables={"plans_measured": plans_table, "p
     # the sweep's margins are smaller than the estimate's measured error: the arithmetic cannot decide
     "sweep_estimates_near_the_memory": lambda: 0 < sweep_margin_gib() < estimate_over_peak_gib().max(),
     "plans_within_two_percent": _plans_within_two_percent,
+    # the best plans' gap is a fraction of what our backward loses to cuDNN's, layer for layer
+    "gap_fits_in_the_backward": lambda: 0 < best("ours").step_ms - best("stock").step_ms < 0.5 * _delta("attention backward"),
     "idle_is_negligible": lambda: profile_ms().loc["idle"].max() < 0.01 * profile_wall_ms("stock"),
     "cold_start_inside_ten_minutes": lambda: cold_row().since_start_to_first_step_s < TEN_MINUTES_S / 10
     and cold_row()["flags"]["checkpoint"] == best("ours")["flags"]["checkpoint"],
