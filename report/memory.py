@@ -63,8 +63,7 @@ def extra(context: int, mode: str, dtype: str = "fp32") -> float:
 
 
 def oom_2048(dtype: str = "fp32") -> pd.Series:
-    """The fp32 or bf16 training step at context 2,048, which ran out of memory: what the allocator
-    held when the request failed, the request and the card's capacity."""
+    """The training step at context 2,048, out of memory: what was held, the request, the capacity."""
     return cells().loc[(2048, "train", dtype)]
 
 
@@ -240,8 +239,7 @@ def _weight_sized_training_buffers() -> bool:
 
 @functools.lru_cache
 def block_saved(context: int) -> pd.DataFrame:
-    """What one 2.7B ("xl") block saves for its backward at batch 4, by saving line (counted by
-    autograd's hooks on the meta device: no GPU, no data)."""
+    """What one block saves for its backward, by saving line (autograd's hooks on the meta device)."""
     df = pd.DataFrame(block_residuals(get_config(SIZE, context), BATCH, context))
     return df.assign(share=df["bytes"] / df["bytes"].sum())
 
@@ -270,17 +268,14 @@ def _three_lines_hold_most() -> bool:
 
 
 def backward_fall_gib() -> float:
-    """How far active memory falls over the measured backward phase of the snapshot's training step:
-    the exact level where it starts minus where the optimizer step starts (the timeline keeps both)."""
+    """How far active memory falls over the snapshot's backward phase (exact levels the timeline keeps)."""
     r = timeline_row(SNAPSHOT_CONTEXT, "train")
     level = dict(zip((name for name, _ in r.phases), r.phase_gib))
     return level["backward"] - level["optimizer"]
 
 
 def outside_blocks_mib(context: int = SNAPSHOT_CONTEXT) -> tuple[float, float]:
-    """(saved for the backward, gradients) outside the blocks, counted from the code: the loss's
-    logits and log-sum-exp, the final norm and the token ids; the embedding, output layer and final
-    norm gain."""
+    """(saved for the backward, gradients) outside the blocks, counted from the code (loss, final norm, embedding)."""
     cfg = get_config(SIZE, context)
     one = dataclasses.replace(cfg, num_layers=1)  # the count for one layer, less that layer
     saved = transformer_activation_bytes(one, BATCH, context) - block_saved(context)["bytes"].sum()
@@ -355,8 +350,7 @@ def branch_bytes() -> dict[str, int]:
 
 
 def granularity() -> pd.DataFrame:
-    """checkpoint_theory.granularity_table at the problem's setting: no checkpointing, k = 1 and the
-    three sub-block granularities, with the walked backward peak and the recomputed share."""
+    """checkpoint_theory.granularity_table at the problem's setting, indexed by what is checkpointed."""
     A = branch_bytes()
     flops = theory.branch_flops(CKPT.d_model, CKPT.d_ff, CONTEXT, BATCH * CONTEXT)
     return pd.DataFrame(theory.granularity_table(LAYERS, A["attn"], A["ffn"], CHECKPOINT_BYTES,
@@ -473,9 +467,7 @@ def sublayer_rows() -> pd.DataFrame:
 
 
 def measured_granularity() -> pd.DataFrame:
-    """No checkpointing, k = 1 and 2 (the block-size sweep's newest rows) and the three sub-block
-    granularities: status, peak, what the forward left saved, the step time, and the share of the
-    forward each recomputes (by FLOPs, as in the granularity table)."""
+    """k = 0, 1, 2 (the block-size sweep) and the three sub-block cells, with the share each recomputes."""
     blocks = rows().set_index("checkpoint_every")
     recomputed = granularity().set_index("checkpointed")["recomputed"]
     picked = [(name, blocks.loc[k], float(k > 0)) for k, name in ((0, "none"), (1, ONE), (2, "k = 2"))]

@@ -98,8 +98,7 @@ def steady_ms(trace: list[float]) -> float:
 
 
 def warmup_rows() -> pd.DataFrame:
-    """Per trace: the first step against the steady state, and mean/std with 0, 1, 2 warm-up steps read
-    off the same trace, next to the 5-warm-up timing of the grid (a different process)."""
+    """Per trace: first step against steady state; 0, 1, 2 warm-ups off it and the grid's 5 (another process)."""
     five = timings("fp32")
     out = []
     for _, r in warmup_traces().iterrows():
@@ -155,9 +154,7 @@ LONGEST = (LONGEST_CELLS, LONGEST_KERNELS)  # the 2026 cells: two sizes up to th
 
 
 def kernel_cells(grid: tuple[str, str] = GRID) -> pd.DataFrame:
-    """The newest row per (size, context) of a profiler grid (its cells' and kernels' benches), in
-    size then context order, with the matmul shares of forward+backward, of the whole step, and the
-    non-matmul share."""
+    """The newest row per (size, context) of a profiler grid, in size then context order, with its matmul shares."""
     c = by_size(newest(ok(grid[0]), ["size", "context"]).sort_values("context"))
     mm = c.fwd_kernel_ms * c.fwd_matmul_share + c.bwd_kernel_ms * c.bwd_matmul_share
     fb = c.fwd_kernel_ms + c.bwd_kernel_ms
@@ -206,8 +203,7 @@ def phase_table() -> str:
 
 
 def top_kernels(context: int | None = 512, grid: tuple[str, str] = GRID) -> pd.DataFrame:
-    """(b) per cell at one context (None: every cell of the grid): the forward's top kernel and its
-    launches (as layers x k + rest), the backward's, and the top kernel of forward and backward together."""
+    """(b) per cell at one context (None: every cell): the top kernels of forward, backward and both."""
     c = kernel_cells(grid)
     c = c if context is None else where(c, context=context)
     k = kernel_rows(grid)
@@ -299,8 +295,7 @@ def rerun_cells() -> pd.DataFrame:
 
 
 def marked_rows() -> pd.DataFrame:
-    """Each (cell, phase) of the first run whose kernel time exceeded the phase's wall time, with the
-    same phase in the re-run."""
+    """Each (cell, phase) the first run overcounted, with the same phase in the re-run."""
     new = kernel_cells().set_index(["size", "context"])
     out = []
     for _, r in newest(first_attribution(ok("profiling/kernel_cells"), "attribution"), ["size", "context"]).iterrows():
@@ -324,8 +319,7 @@ def silu_surplus() -> pd.DataFrame:
 
 
 def rerun_checks() -> pd.DataFrame:
-    """Per re-profiled cell: the self-check, what the trace held that fools a per-op sum, how much the
-    old sum would have reported over the unique count, and two launch counts that need no clock."""
+    """Per re-profiled cell: the self-check, what fools a per-op sum and two launch counts that need no clock."""
     k = kernel_rows()
     out = []
     for _, r in rerun_cells().iterrows():
@@ -377,9 +371,8 @@ def phase(size: str, mode: str, dtype: str) -> pd.Series:
 
 
 def phase_cells() -> pd.DataFrame:
-    """One row per (size, dtype), indexed so, 2026 sizes in order: each phase's mean and std from the
-    training step; where that ran out of memory, the forward and backward of the forward+backward
-    step, and the failure (its phase, the allocator's peak when it failed)."""
+    """Per (size, dtype), indexed so: each phase's time in the training step (where that ran out of memory,
+    in the forward+backward step) and how the training step failed, if it did."""
     out = []
     for size in SIZES_2026:
         for dtype in ("fp32", "bf16"):
@@ -410,8 +403,7 @@ def phases_2026_table() -> str:
 
 
 def phase_sum_over_timings(dtype: str = "fp32") -> pd.Series:
-    """Per 2025 size: the synchronised phases of a training step, summed, over the unsynchronised
-    training step of the timings grid (another process)."""
+    """Per 2025 size: the synchronised phases of a training step, summed, over the timing grid's step."""
     t = timings(dtype)
     return pd.Series({s: phase(s, "train", dtype).step_mean_ms / t.loc[(s, "train"), "mean_ms"] for s in SIZES
                       if (s, "train", dtype) in phase_rows().index})
@@ -450,8 +442,7 @@ def _phases_cost_the_launch_bound_most() -> bool:
 # ---- the 2026 edition: the longest context that fits, and the kernel tables there ------------------
 
 def probe_rows() -> pd.DataFrame:
-    """The newest row per (size, context) of the context probe, whatever its status, in size then
-    context order."""
+    """The newest row per (size, context) of the context probe, whatever its status, in order."""
     return by_size(newest(load_results(PROBE_BENCH), ["size", "context"]).sort_values("context")).reset_index(drop=True)
 
 
