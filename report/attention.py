@@ -11,13 +11,12 @@ from __future__ import annotations
 import pandas as pd
 
 from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
-from cs336_systems.model.config import PRESETS
 from cs336_systems.profiling.attention_oom import DEFAULT
 from report.figures import plt
-from report.profiling import SIZES, kernel_cells
+from report.profiling import SIZES, kernel_cells, pm_each, where
 from report.registry import register
 from report.results import load_results, newest, ok, with_source
-from report.units import GiB, MiB, near, pm, span
+from report.units import GiB, MiB, near, span
 
 BENCH = "attention/pytorch_attention"
 KEY = ["impl", "d", "seq"]
@@ -51,7 +50,7 @@ def attention_figure():
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for impl, ls in (("eager", "-"), ("compiled", "--")):
         for d in sorted(df["d"].unique()):
-            s = df[(df["impl"] == impl) & (df["d"] == d)].sort_values("seq")
+            s = where(df, impl=impl, d=d).sort_values("seq")
             if len(s) >= 2:
                 axes[0].plot(s["seq"], s["forward_ms"] + s["backward_ms"], ls, marker="o", ms=3, label=f"{impl} d={d}")
                 axes[1].plot(s["seq"], s["peak_mib"] / 1024, ls, marker="o", ms=3, label=f"{impl} d={d}")
@@ -66,10 +65,9 @@ def attention_figure():
 
 def growth_per_doubling() -> pd.Series:
     """Forward+backward time ratio between consecutive doublings of the sequence, from seq 4096 on."""
-    e = attention_rows()
-    e = e[e.seq >= 4096].assign(total=lambda x: x.forward_ms + x.backward_ms)
-    return pd.concat([g.total.iloc[1:].reset_index(drop=True) / g.total.iloc[:-1].reset_index(drop=True)
-                      for _, g in e.groupby("d")], ignore_index=True)
+    e = attention_rows().query("seq >= 4096")
+    total = e.forward_ms + e.backward_ms
+    return (total / total.groupby(e.d).shift()).dropna()
 
 
 def memory_check() -> pd.DataFrame:
@@ -86,10 +84,10 @@ def memory_check() -> pd.DataFrame:
 
 def oom_probes() -> pd.DataFrame:
     """The sequences beyond the grid (d = 64, eager), with the hand count of what they need."""
-    df = newest(load_results(BENCH), KEY)
-    p = df[(df["impl"] == "eager") & (df["seq"] > max(GRID_SEQS))].sort_values("seq")
+    p = attention_rows(status=None)
+    p = p[p.seq > max(GRID_SEQS)].sort_values("seq")
     rows = []
-    for _, r in p.iterrows():
+    for r in p.itertuples():
         a = attention_memory(8, int(r.seq), int(r.d))
         rows.append({"seq": int(r.seq), "d": int(r.d), "status": str(r.status).upper(),
                      "one score matrix GiB": a["one_score_matrix"] / GiB, "forward peak by hand GiB": a["forward_peak"] / GiB,
@@ -101,9 +99,8 @@ def largest_run(d: int = 64):
     return attention_rows().query("d == @d").sort_values("seq").iloc[-1]
 
 
-def _eager(seq: int, d: int):
-    e = attention_rows()
-    r = e[(e.seq == seq) & (e.d == d)].iloc[0]
+def _eager_ms(seq: int, d: int) -> float:
+    r = where(attention_rows(), seq=seq, d=d).iloc[0]
     return r.forward_ms + r.backward_ms
 
 
@@ -144,14 +141,17 @@ def score_mib(seq: int) -> float:
 
 
 def check(seq: int, conf: str):
-    c = checks()
-    return c[(c["seq"] == seq) & (c["alloc_conf"] == conf)].iloc[0]
+    return where(checks(), seq=seq, alloc_conf=conf).iloc[0]
 
 
 def _peaks(r) -> tuple[float, float]:
     """(allocated, reserved) peaks in MiB: of the run, or up to the moment of the OOM."""
     src = r if r["status"] == "ok" else r["at_oom"]
     return src["peak_allocated_mib"], src["peak_reserved_mib"]
+
+
+def _reserved_in_scores(seq: int, conf: str) -> float:
+    return _peaks(check(seq, conf))[1] / score_mib(seq)
 
 
 def checks_table() -> str:
@@ -172,8 +172,8 @@ def checks_table() -> str:
 def stranded_block_confirmed() -> bool:
     """Both predictions of the hypothesis hold: at seq 16,384 the default allocator reserves about a
     fifth score matrix over the four allocated, and seq 32,768 runs once large blocks are not split."""
-    a, b = check(16384, DEFAULT), check(32768, SPLIT)
-    return a["status"] == "ok" and _peaks(a)[1] / score_mib(16384) >= 4.5 and b["status"] == "ok"
+    return (check(16384, DEFAULT)["status"] == "ok" and _reserved_in_scores(16384, DEFAULT) >= 4.5
+            and check(32768, SPLIT)["status"] == "ok")
 
 
 # ---- torch_compile -------------------------------------------------------------------------------
@@ -194,14 +194,16 @@ def compare_table() -> str:
     return with_source(shown, BENCH, used=newest(ok(BENCH), KEY))
 
 
-def _long() -> pd.DataFrame:
+def _compared(long: bool) -> pd.DataFrame:
+    """The sweep's cells from seq 4096 on (long) or below it."""
     m = compiled_vs_eager()
-    return m[m.seq >= 4096]
+    return m[(m.seq >= 4096) == long]
 
 
-def _short() -> pd.DataFrame:
-    m = compiled_vs_eager()
-    return m[m.seq < 4096]
+def _short_slower() -> int:
+    """How many of the short cells' forwards and backwards compiling slowed down."""
+    s = _compared(long=False)
+    return (s.fwd_speedup < 1).sum() + (s.bwd_speedup < 1).sum()
 
 
 COMPILE_KEY = ["size", "mode", "dtype", "compile"]
@@ -228,8 +230,8 @@ def compile_cells() -> pd.DataFrame:
 
 def compile_table() -> str:
     c = compile_cells()
-    shown = pd.DataFrame({"size": c["size"], "mode": c["mode"], "eager ms": [pm(m, s) for m, s in zip(c.eager_ms, c.eager_std)],
-                          "compiled ms": [pm(m, s) for m, s in zip(c.compiled_ms, c.compiled_std)],
+    shown = pd.DataFrame({"size": c["size"], "mode": c["mode"], "eager ms": pm_each(c.eager_ms, c.eager_std),
+                          "compiled ms": pm_each(c.compiled_ms, c.compiled_std),
                           "speed-up": c.eager_ms / c.compiled_ms, "first compiled step s": c.first_step_s,
                           "MFU eager": c.mfu_eager.map("{:.0%}".format), "MFU compiled": c.mfu_compiled.map("{:.0%}".format)})
     return with_source(shown, "end-to-end/compile", used=compile_rows())
@@ -238,12 +240,10 @@ def compile_table() -> str:
 def compile_vs_profile() -> pd.DataFrame:
     """Per size: what compiling removes from the forward, next to the eager forward's kernel time
     outside the matmuls (the nsys_profile profile at the same context, 512)."""
-    c = compile_cells()
-    k = kernel_cells()
-    k = k[k["context"] == 512].set_index("size")
-    fwd = c[c["mode"] == "forward"].set_index("size")
-    return pd.DataFrame({"size": list(PRESETS), "compile removes (forward)": [fwd.loc[s, "cut"] for s in PRESETS],
-                         "eager forward outside matmuls": [1 - k.loc[s, "fwd_matmul_share"] for s in PRESETS]})
+    fwd = compile_cells().query("mode == 'forward'").set_index("size")
+    k = where(kernel_cells(), context=512).set_index("size")
+    return pd.DataFrame({"size": SIZES, "compile removes (forward)": [fwd.loc[s, "cut"] for s in SIZES],
+                         "eager forward outside matmuls": [1 - k.loc[s, "fwd_matmul_share"] for s in SIZES]})
 
 
 def compiled_twice() -> pd.DataFrame:
@@ -263,12 +263,18 @@ def _compile_cut_shrinks() -> bool:
             and v["eager forward outside matmuls"].is_monotonic_decreasing and list(exceeds) == ["small"])
 
 
+def _second_compile_is_warm() -> bool:
+    t = compiled_twice()
+    return len(t) > 0 and (t["first compiled step, again s"] < 0.5 * t["first compiled step, first run s"]).all() \
+        and (t["steady step, again ms"] / t["steady step, first run ms"]).between(0.95, 1.05).all()
+
+
 register(
     "attention",
     facts={
         "small_fwd_ms": lambda: span(attention_rows().query("seq <= 1024").forward_ms, ".2f"),
         "growth": lambda: f"{growth_per_doubling().min():.1f}x to {growth_per_doubling().max():.1f}x",
-        "d_ratio_16384": lambda: f"{_eager(16384, 128) / _eager(16384, 16):.2f}",
+        "d_ratio_16384": lambda: f"{_eager_ms(16384, 128) / _eager_ms(16384, 16):.2f}",
         "card_gib": lambda: f"{capacity_gib():.1f}",
         "peak_offset_mib": lambda: f"{(attention_rows().peak_mib - attention_rows().predicted_backward_peak_mib).median():g}",
         "largest_seq": lambda: f"{int(largest_run().seq):,}",
@@ -277,11 +283,11 @@ register(
         "oom_seq": lambda: f"{int(oom_probes().seq.min()):,}",
         "oom_backward_gib": lambda: f"{oom_probes().iloc[0]['backward peak by hand GiB']:.1f}",
         "oom_score_gib": lambda: f"{oom_probes().iloc[0]['one score matrix GiB']:.0f}",
-        "compiled_fwd_speedup": lambda: span(_long().fwd_speedup, ".2f", "x"),
-        "compiled_bwd_speedup": lambda: span(_long().bwd_speedup, ".2f", "x"),
-        "compiled_peak_ratio": lambda: span(_long().peak_ratio, ".2f"),
-        "compiled_short_speedup": lambda: span(pd.concat([_short().fwd_speedup, _short().bwd_speedup]), ".2f", "x"),
-        "compiled_short_slower": lambda: f"{(_short().fwd_speedup < 1).sum() + (_short().bwd_speedup < 1).sum()} of {2 * len(_short())}",
+        "compiled_fwd_speedup": lambda: span(_compared(long=True).fwd_speedup, ".2f", "x"),
+        "compiled_bwd_speedup": lambda: span(_compared(long=True).bwd_speedup, ".2f", "x"),
+        "compiled_peak_ratio": lambda: span(_compared(long=True).peak_ratio, ".2f"),
+        "compiled_short_speedup": lambda: span(_compared(long=False)[["fwd_speedup", "bwd_speedup"]].stack(), ".2f", "x"),
+        "compiled_short_slower": lambda: f"{_short_slower()} of {2 * len(_compared(long=False))}",
         "compile_cut": lambda: span(compile_cells().cut, ".0%"),
         "compile_first_s": lambda: span(compile_cells().first_step_s),
         "compile_cut_fwd_small": lambda: f"{compile_vs_profile().iloc[0, 1]:.0%}",
@@ -290,9 +296,9 @@ register(
         "oom_margin_gib": lambda: f"{capacity_gib() - attention_memory(8, 32768, 64)['backward_peak'] / GiB:.1f}",
         "oom_output_mib": lambda: f"{attention_memory(8, 32768, 64)['inputs_qkv'] / 3 / MiB:.0f}",
         "score_16384_gib": lambda: f"{score_mib(16384) / 1024:.0f}",
-        "reserved_16384_default": lambda: f"{_peaks(check(16384, DEFAULT))[1] / score_mib(16384):.2f}",
+        "reserved_16384_default": lambda: f"{_reserved_in_scores(16384, DEFAULT):.2f}",
         "allocated_16384_default": lambda: f"{_peaks(check(16384, DEFAULT))[0] / score_mib(16384):.2f}",
-        "reserved_16384_split": lambda: f"{_peaks(check(16384, SPLIT))[1] / score_mib(16384):.2f}",
+        "reserved_16384_split": lambda: f"{_reserved_in_scores(16384, SPLIT):.2f}",
         "oom_tried_gib": lambda: f"{check(32768, DEFAULT).tried_mib / 1024:.1f}",
         "oom_stranded_gib": lambda: f"{check(32768, DEFAULT).reserved_unallocated_mib / 1024:.1f}",
         "split_32768_allocated_gib": lambda: f"{_peaks(check(32768, SPLIT))[0] / 1024:.1f}",
@@ -303,10 +309,9 @@ register(
         "before_backward": lambda: attention_pivot("mem_before_backward_mib", fmt=".5g"),
         "memory_check": lambda: with_source(memory_check(), BENCH, floatfmt=",.4g", used=attention_rows()),
         "oom_probes": lambda: with_source(oom_probes(), BENCH, floatfmt=".1f"),
-        "compiled": compare_table, "compile": compile_table,
+        "compiled": compare_table, "compile": compile_table, "checks": checks_table,
         "compile_vs_profile": lambda: with_source(compile_vs_profile(), "end-to-end/compile", used=compile_rows(), formats={
             "compile removes (forward)": ".0%", "eager forward outside matmuls": ".0%"}),
-        "checks": checks_table,
         "compiled_twice": lambda: with_source(compiled_twice(), "end-to-end/compile", floatfmt=".1f"),
     },
     figures={"sweep": attention_figure},
@@ -314,7 +319,7 @@ register(
         # 4x per doubling is exactly quadratic; below 4096 launch overhead sets the time
         "quadratic_from_4096": lambda: growth_per_doubling().between(3.0, 4.5).all(),
         "flat_up_to_1024": lambda: (lambda f: f.max() < 2 * f.min())(attention_rows().query("seq <= 1024").forward_ms),
-        "head_dimension_matters_little": lambda: _eager(16384, 128) / _eager(16384, 16) < 4,
+        "head_dimension_matters_little": lambda: _eager_ms(16384, 128) / _eager_ms(16384, 16) < 4,
         "grid_fits_first_probe_does_not": _grid_fits_first_probe_does_not,
         "memory_as_counted": _memory_as_counted,
         "saved_memory_is_p_and_quadratic": _saved_is_mostly_p,
@@ -323,14 +328,14 @@ register(
         "allocator_set_the_boundary": stranded_block_confirmed,
         "stranded_block_is_one_score_matrix": lambda: check(32768, DEFAULT)["status"] == "oom"
         and near(check(32768, DEFAULT).reserved_unallocated_mib, score_mib(32768), 0.02),
-        "unsplit_blocks_lower_the_reserve": lambda: _peaks(check(16384, SPLIT))[1] / score_mib(16384) < 4.5,
-        "compile_pays_from_4096": lambda: (_long().fwd_speedup > 1).all() and (_long().bwd_speedup > 1).all(),
-        "compile_halves_the_peak": lambda: _long().peak_ratio.between(0.4, 0.6).all(),
-        "compile_does_not_pay_short": lambda: (_short().fwd_speedup < 1).sum() + (_short().bwd_speedup < 1).sum() > len(_short()),
-        "compile_keeps_memory_before_backward": lambda: (_long().mem_before_backward_mib_c == _long().mem_before_backward_mib_e).all(),
+        "unsplit_blocks_lower_the_reserve": lambda: _reserved_in_scores(16384, SPLIT) < 4.5,
+        "compile_pays_from_4096": lambda: (_compared(long=True).fwd_speedup > 1).all()
+        and (_compared(long=True).bwd_speedup > 1).all(),
+        "compile_halves_the_peak": lambda: _compared(long=True).peak_ratio.between(0.4, 0.6).all(),
+        "compile_does_not_pay_short": lambda: _short_slower() > len(_compared(long=False)),
+        "compile_keeps_memory_before_backward": lambda: (_compared(long=True).mem_before_backward_mib_c
+                                                         == _compared(long=True).mem_before_backward_mib_e).all(),
         "compile_gains_less_with_size": _compile_cut_shrinks,
-        "second_compile_is_warm": lambda: len(compiled_twice()) > 0 and (
-            compiled_twice()["first compiled step, again s"] < 0.5 * compiled_twice()["first compiled step, first run s"]).all()
-        and (compiled_twice()["steady step, again ms"] / compiled_twice()["steady step, first run ms"]).between(0.95, 1.05).all(),
+        "second_compile_is_warm": _second_compile_is_warm,
     },
 )

@@ -1,7 +1,7 @@
 """The memory chapter's numbers (docs/memory.md, docs/memory/checkpointing.md): peaks of the 2.7B
 model by context, the snapshot's largest allocations, the residual stream, one block's residuals,
-and gradient checkpointing (the strategies' modelled costs, the H200 sweep over block sizes, and
-checkpointing inside a block: its arithmetic and its H200 cells beside k = 0, 1, 2).
+and gradient checkpointing (the strategies modelled, the H200 sweep over block sizes, and inside a
+block: its arithmetic and its H200 cells beside k = 0, 1, 2).
 
 Rows: results/memory/. Hand counts come from the model's config and code (sharding.accounting
 counts what autograd saves, on the meta device); checkpoint_theory models the strategies.
@@ -27,6 +27,7 @@ from cs336_systems.sharding.accounting import (
     transformer_activation_bytes,
 )
 from report.figures import new_figure
+from report.profiling import where
 from report.registry import register
 from report.results import load_results, markdown_table, newest, ok, provenance_line, source, with_source
 from report.units import GiB, MiB, near
@@ -35,6 +36,9 @@ SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures: the 2026
 KEY = ["context", "mode", "dtype"]
 SNAPSHOT_CONTEXT = 512  # the snapshot cells the chapter reads (fp32)
 CFG, LAYERS = get_config(SIZE), get_config(SIZE).num_layers
+WEIGHTS_MIB = count_parameters(CFG)["total"] * 4 / MiB  # fp32
+FFN_WEIGHT_MIB = CFG.d_model * CFG.d_ff * 4 / MiB
+BLOCK_GRADIENT_MIB = block_parameter_bytes(CFG) / MiB
 
 
 # ---- the measured peaks ---------------------------------------------------------------------------
@@ -45,9 +49,8 @@ def cells() -> pd.DataFrame:
 
 
 def peaks() -> pd.DataFrame:
-    """The cells that fit (newest row each), with the peak above the start."""
-    m = cells()
-    m = m[m.status == "ok"]
+    """The cells that fit, with the peak above the start."""
+    m = cells().query("status == 'ok'")
     return m.assign(extra_mib=m.peak_mib - m.before_mib)
 
 
@@ -59,12 +62,9 @@ def extra(context: int, mode: str, dtype: str = "fp32") -> float:
     return peak(context, mode, dtype, "extra_mib")
 
 
-def oom(context: int, mode: str, dtype: str) -> pd.Series:
-    """An out-of-memory cell's row: what the allocator held when the request failed, and the request."""
-    r = cells().loc[(context, mode, dtype)]
-    if r.status != "oom":
-        raise ValueError(f"memory/peaks: {context}/{mode}/{dtype} is {r.status}, not an OOM")
-    return r
+def oom_2048(dtype: str = "fp32") -> pd.Series:
+    """The training step at context 2,048, out of memory: what was held, the request, the capacity."""
+    return cells().loc[(2048, "train", dtype)]
 
 
 def resident_mib(context: int) -> float:
@@ -77,10 +77,10 @@ def activations_mib(context: int) -> float:
     return transformer_activation_bytes(get_config(SIZE, context), BATCH, context) / MiB
 
 
-def blocks_saved_at_oom(context: int = 2048) -> float:
+def blocks_saved_at_oom() -> float:
     """How many blocks' residuals the failed fp32 training step had saved when its request failed:
     the high-water mark above the resident model, in blocks (the steps start without gradients)."""
-    return (oom(context, "train", "fp32").peak_mib_at_oom - resident_mib(context)) / (block_saved(context)["bytes"].sum() / MiB)
+    return (oom_2048().peak_mib_at_oom - resident_mib(2048)) / (block_saved(2048)["bytes"].sum() / MiB)
 
 
 def peaks_table() -> str:
@@ -103,15 +103,13 @@ def start_table() -> str:
     return with_source(shown, "memory/peaks", used=m, floatfmt=",.0f")
 
 
+def resident_offset_mib() -> tuple[float, float]:
+    """How far the timeline sits below the allocator's counter, at the start and at the peak."""
+    start = peak(512, "train", "fp32", "before_mib") - peak(512, "train", "fp32", "timeline_start_gib") * 1024
+    return start, peak(512, "train") - peak(512, "train", "fp32", "timeline_peak_gib") * 1024
+
+
 # ---- the hand counts --------------------------------------------------------------------------------
-
-def weights_mib() -> float:
-    return count_parameters(CFG)["total"] * 4 / MiB
-
-
-def ffn_weight_mib() -> float:
-    return CFG.d_model * CFG.d_ff * 4 / MiB
-
 
 def autocast_cache_mib() -> float:
     """bf16 copies of the weights autocast casts: everything but the embedding and the norms' gains."""
@@ -123,7 +121,7 @@ def tensor_sizes_mib(context: int = 512) -> dict[str, float]:
     """The model's large tensors at this context, fp32: score matrix, SwiGLU hidden, logits, weights."""
     return {"score": BATCH * CFG.num_heads * context * context * 4 / MiB,
             "ffn_hidden": BATCH * context * CFG.d_ff * 4 / MiB, "logits": BATCH * context * CFG.vocab_size * 4 / MiB,
-            "ffn_weight": ffn_weight_mib(), "embedding": CFG.vocab_size * CFG.d_model * 4 / MiB}
+            "embedding": CFG.vocab_size * CFG.d_model * 4 / MiB}
 
 
 def residual_mib(context: int) -> float:
@@ -134,17 +132,18 @@ def residual_mib(context: int) -> float:
 
 PHASE_COLORS = {"forward": "#dd8452", "backward": "#55a868", "optimizer": "#c44e52"}
 DRAWN_POINTS = 500  # enough for a 9-inch figure; the stored series keeps up to 2,000
+SNAPSHOT_CELLS = {(128, "forward"), (128, "train"), (512, "forward"), (512, "train"), (2048, "forward")}
+
+
+def snapshot(bench: str, mode: str, context: int = SNAPSHOT_CONTEXT, dtype: str = "fp32") -> pd.DataFrame:
+    """The newest rows of one snapshot cell in one of the snapshot's benches (timeline, largest, residual)."""
+    return where(newest(ok(bench), [*KEY, "rank"] if bench == "memory/largest" else KEY),
+                 context=context, mode=mode, dtype=dtype)
 
 
 def timeline_row(context: int, mode: str, dtype: str = "fp32") -> pd.Series:
-    """The stored active-memory series of one snapshot cell (the newest)."""
-    t = newest(ok("memory/timeline"), KEY)
-    hit = t[(t.context == context) & (t["mode"] == mode) & (t.dtype == dtype)]
-    if hit.empty:
-        raise KeyError(f"memory/timeline: no timeline of {context}/{mode}/{dtype}; `just bench memory "
-                       f"--contexts {context} --modes {mode} --dtypes {dtype} --snapshot-cells "
-                       f"{context}/{mode}/{dtype} --remeasure` records one")
-    return hit.iloc[-1]
+    """The stored active-memory series of one snapshot cell."""
+    return snapshot("memory/timeline", mode, context, dtype).iloc[-1]
 
 
 def timeline_figure(context: int, mode: str, dtype: str = "fp32"):
@@ -171,26 +170,21 @@ def timeline_figure(context: int, mode: str, dtype: str = "fp32"):
     return fig
 
 
-def peak_phase(context: int, mode: str = "train", dtype: str = "fp32") -> str:
-    """The phase whose stretch of the stored timeline holds its highest point."""
-    r = timeline_row(context, mode, dtype)
+def peak_phase(context: int) -> str:
+    """The phase of the fp32 training step whose stretch of the stored timeline holds its highest point."""
+    r = timeline_row(context, "train")
     at = r.event[max(range(len(r.gib)), key=r.gib.__getitem__)]
     return [name for name, start in r.phases if start <= at][-1]
 
 
-SNAPSHOT_CELLS = {(128, "forward"), (128, "train"), (512, "forward"), (512, "train"), (2048, "forward")}
-
-
 def snapshot_cells() -> set[tuple[int, str]]:
     """The (context, mode) cells with a stored fp32 timeline."""
-    t = ok("memory/timeline")
-    t = t[t.dtype == "fp32"]
+    t = where(ok("memory/timeline"), dtype="fp32")
     return {(int(c), m) for c, m in zip(t.context, t["mode"])}
 
 
-def largest(mode: str, context: int = SNAPSHOT_CONTEXT) -> pd.DataFrame:
-    df = newest(ok("memory/largest"), [*KEY, "rank"])
-    return df[(df["mode"] == mode) & (df.context == context)].sort_values("rank").reset_index(drop=True)
+def largest(mode: str) -> pd.DataFrame:
+    return snapshot("memory/largest", mode).sort_values("rank").reset_index(drop=True)
 
 
 def largest_table(mode: str, n: int = 10) -> str:
@@ -200,20 +194,19 @@ def largest_table(mode: str, n: int = 10) -> str:
     return with_source(shown, "memory/largest", used=df)
 
 
-def residual(mode: str = "forward", context: int = SNAPSHOT_CONTEXT):
-    r = newest(ok("memory/residual"), KEY)
-    return r[(r["mode"] == mode) & (r.context == context)].iloc[-1]
+def residual(mode: str = "forward"):
+    return snapshot("memory/residual", mode).iloc[-1]
 
 
-def residual_sites_table(mode: str = "forward") -> str:
-    r = residual(mode)
+def residual_sites_table() -> str:
+    r = residual()
     shown = pd.DataFrame([{"allocated at": f"`{site}`", "allocations": n} for site, n in r.sites])
     return with_source(shown, "memory/residual", used=pd.DataFrame([r]))
 
 
-def residual_adds(mode: str = "forward") -> int:
+def residual_adds() -> int:
     """Allocations of one residual-stream size made by the transformer block (its residual adds)."""
-    return sum(n for site, n in residual(mode).sites if "transformer.py" in site)
+    return sum(n for site, n in residual().sites if "transformer.py" in site)
 
 
 def residual_derivation() -> str:
@@ -237,24 +230,22 @@ def _largest_forward_as_answered() -> bool:
 def _weight_sized_training_buffers() -> bool:
     """Three feed-forward-weight-sized buffers per layer in the backward (gradients) and in the
     optimizer (AdamW's sqrt(v), allocated in optim.py)."""
-    t = largest("train")
-    ffn = t[t.size_mib == ffn_weight_mib()]
+    ffn = where(largest("train"), size_mib=FFN_WEIGHT_MIB)
     return (set(ffn.phases) == {"backward", "optimizer"} and (ffn["count"] == 3 * LAYERS).all()
-            and ffn[ffn.phases == "optimizer"]["site"].str.contains("optim.py").all())
+            and where(ffn, phases="optimizer")["site"].str.contains("optim.py").all())
 
 
 # ---- (f): one block's residuals and gradients ----------------------------------------------------
 
 @functools.lru_cache
 def block_saved(context: int) -> pd.DataFrame:
-    """What one 2.7B ("xl") block saves for its backward at batch 4, by saving line (counted by
-    autograd's hooks on the meta device: no GPU, no data)."""
+    """What one block saves for its backward, by saving line (autograd's hooks on the meta device)."""
     df = pd.DataFrame(block_residuals(get_config(SIZE, context), BATCH, context))
     return df.assign(share=df["bytes"] / df["bytes"].sum())
 
 
-def block_saved_table(context: int = 2048) -> str:
-    df = block_saved(context)
+def block_saved_table() -> str:
+    df = block_saved(2048)
     shown = pd.DataFrame({"saved at": df.site.map(lambda s: f"`{s.removeprefix('cs336_systems/')}`"),
                           "code": df.code.map(lambda c: f"`{c.split('  #')[0]}`"),
                           "tensors": df.tensors, "MiB": df["bytes"] / MiB, "share": df.share})
@@ -276,22 +267,15 @@ def _three_lines_hold_most() -> bool:
             and (ratio.drop([softmax, mask]).round(3) == 4).all())
 
 
-def block_gradient_mib() -> float:
-    return block_parameter_bytes(CFG) / MiB
-
-
-def backward_fall_gib(context: int = SNAPSHOT_CONTEXT) -> float:
-    """How far active memory falls over the measured backward phase: the exact level where it
-    starts minus the level where the optimizer step starts (the stored timeline keeps both)."""
-    r = timeline_row(context, "train")
+def backward_fall_gib() -> float:
+    """How far active memory falls over the snapshot's backward phase (exact levels the timeline keeps)."""
+    r = timeline_row(SNAPSHOT_CONTEXT, "train")
     level = dict(zip((name for name, _ in r.phases), r.phase_gib))
     return level["backward"] - level["optimizer"]
 
 
 def outside_blocks_mib(context: int = SNAPSHOT_CONTEXT) -> tuple[float, float]:
-    """(saved for the backward, gradients) outside the blocks, counted from the code: the loss's
-    logits and log-sum-exp, the final norm and the token ids; the embedding, output layer and final
-    norm gain."""
+    """(saved for the backward, gradients) outside the blocks, counted from the code (loss, final norm, embedding)."""
     cfg = get_config(SIZE, context)
     one = dataclasses.replace(cfg, num_layers=1)  # the count for one layer, less that layer
     saved = transformer_activation_bytes(one, BATCH, context) - block_saved(context)["bytes"].sum()
@@ -299,19 +283,20 @@ def outside_blocks_mib(context: int = SNAPSHOT_CONTEXT) -> tuple[float, float]:
     return saved / MiB, grads / MiB
 
 
-def block_gradient_measured_mib(context: int = SNAPSHOT_CONTEXT) -> float:
+def block_gradient_measured_mib() -> float:
     """One block's gradients as the measured backward says. The backward frees everything saved
     (L blocks' residuals A, and the outside terms) and allocates every gradient (L blocks' G, and
     the outside ones): fall = L A + saved_out - L G - grads_out, solved for G."""
-    A = block_saved(context)["bytes"].sum() / MiB
-    saved_out, grads_out = outside_blocks_mib(context)
-    return (LAYERS * A + saved_out - grads_out - backward_fall_gib(context) * 1024) / LAYERS
+    A = block_saved(SNAPSHOT_CONTEXT)["bytes"].sum() / MiB
+    saved_out, grads_out = outside_blocks_mib()
+    return (LAYERS * A + saved_out - grads_out - backward_fall_gib() * 1024) / LAYERS
 
 
 # ---- gradient checkpointing: the model (A, c) and the H200 sweep over block sizes k ----------------
 
 CONTEXT = 2048  # the checkpointing problem's setting: xl (our 2.7B), batch 4, context 2048, fp32
 CKPT = get_config(SIZE, CONTEXT)
+CHECKPOINT_BYTES = 4 * BATCH * CONTEXT * CKPT.d_model  # c: one segment input, the fp32 residual stream
 
 
 def block_bytes() -> float:
@@ -320,14 +305,9 @@ def block_bytes() -> float:
     return transformer_activation_bytes(two, BATCH, CONTEXT) - transformer_activation_bytes(one, BATCH, CONTEXT)
 
 
-def checkpoint_bytes() -> float:
-    """c: one segment input, the fp32 residual stream (batch, context, d_model)."""
-    return 4 * BATCH * CONTEXT * CKPT.d_model
-
-
 def k_star(A_gib: float) -> float:
     """The continuous optimum sqrt(L c / A) of ceil(L/k) c + k A."""
-    return math.sqrt(LAYERS * checkpoint_bytes() / GiB / A_gib)
+    return math.sqrt(LAYERS * CHECKPOINT_BYTES / GiB / A_gib)
 
 
 def no_checkpointing_need_gib() -> float:
@@ -342,7 +322,7 @@ def capacity_gib() -> float:
 
 def strategy_table() -> str:
     """Problem (a)'s strategies at the 2026 xl's L, A and c: modelled peak and block forwards."""
-    df = pd.DataFrame(theory.strategy_table(LAYERS, block_bytes(), checkpoint_bytes()))
+    df = pd.DataFrame(theory.strategy_table(LAYERS, block_bytes(), CHECKPOINT_BYTES))
     df["peak_bytes"] = df["peak_bytes"] / GiB
     return markdown_table(df.rename(columns={"memory": "peak memory", "forwards": "block forwards",
                                              "peak_bytes": "peak (GiB, modelled)",
@@ -352,7 +332,7 @@ def strategy_table() -> str:
 def _strategies_ordered() -> bool:
     """Peel-one is the least memory (c + A) and the most forwards (N + N(N-1)/2); binary nesting is
     in between; the peel count grows as N^2, the binary one as N log N (double N and compare)."""
-    A, c = block_bytes(), checkpoint_bytes()
+    A, c = block_bytes(), CHECKPOINT_BYTES
     t = {r["strategy"].split(",")[0]: r for r in theory.strategy_table(LAYERS, A, c)}
     peel, binary, single, none = (t[k] for k in ("peel one (memory-optimal)", "binary nesting", "single level", "none"))
     growth = lambda n, split: theory.nested_forwards(2 * n, split) / theory.nested_forwards(n, split)
@@ -370,11 +350,10 @@ def branch_bytes() -> dict[str, int]:
 
 
 def granularity() -> pd.DataFrame:
-    """checkpoint_theory.granularity_table at the problem's setting: no checkpointing, k = 1 and the
-    three sub-block granularities, with the walked backward peak and the recomputed share."""
+    """checkpoint_theory.granularity_table at the problem's setting, indexed by what is checkpointed."""
     A = branch_bytes()
     flops = theory.branch_flops(CKPT.d_model, CKPT.d_ff, CONTEXT, BATCH * CONTEXT)
-    return pd.DataFrame(theory.granularity_table(LAYERS, A["attn"], A["ffn"], checkpoint_bytes(),
+    return pd.DataFrame(theory.granularity_table(LAYERS, A["attn"], A["ffn"], CHECKPOINT_BYTES,
                                                  working_set=branch_backward_bytes(CKPT, BATCH, CONTEXT),
                                                  flops=flops)).set_index("checkpointed", drop=False)
 
@@ -384,8 +363,7 @@ def _granular(kept: str, column: str) -> float:
 
 
 def _by_k(k: int, column: str) -> float:
-    df = granularity()
-    return float(df[(df["k"] == k) & (df["checkpointed"] == "none")][column].iloc[0])
+    return float(where(granularity(), k=k, checkpointed="none")[column].iloc[0])
 
 
 def granularity_table_md() -> str:
@@ -404,12 +382,10 @@ def granularity_table_md() -> str:
 def _half_block_peaks_above_one_block() -> bool:
     """k = 1/2 keeps 2 L c and holds max(A_attn, A_ffn) at once, k = 1 keeps L c and holds A:
     above it exactly when min(A_attn, A_ffn) < L c, which holds here; the walked backward agrees."""
-    A, Lc = branch_bytes(), LAYERS * checkpoint_bytes()
-    half, one = "attn+ffn", 1
-    return (min(A.values()) < Lc and _granular(half, "residual_peak_bytes") > _by_k(one, "residual_peak_bytes")
-            and _granular(half, "backward_peak_bytes") > _by_k(one, "backward_peak_bytes")
-            and _granular(half, "residual_peak_bytes") - _by_k(one, "residual_peak_bytes")
-            == Lc + max(A.values()) - sum(A.values()))
+    A, Lc = branch_bytes(), LAYERS * CHECKPOINT_BYTES
+    residual_gap = _granular("attn+ffn", "residual_peak_bytes") - _by_k(1, "residual_peak_bytes")
+    return (min(A.values()) < Lc and residual_gap > 0 and residual_gap == Lc + max(A.values()) - sum(A.values())
+            and _granular("attn+ffn", "backward_peak_bytes") > _by_k(1, "backward_peak_bytes"))
 
 
 def _one_branch_keeps_the_other() -> bool:
@@ -421,17 +397,18 @@ def _one_branch_keeps_the_other() -> bool:
             and _granular("attn", "backward_peak_bytes") < _granular("ffn", "backward_peak_bytes"))
 
 
+def _at_the_handouts_setting(bench: str) -> pd.DataFrame:
+    return where(load_results(bench), size=SIZE, batch=BATCH, context=CONTEXT)
+
+
 def rows() -> pd.DataFrame:
     """The newest row per block size at the handout's setting, in order of k."""
-    df = load_results("memory/checkpointing")
-    df = df[(df["size"] == SIZE) & (df["batch"] == BATCH) & (df["context"] == CONTEXT)]
-    df = newest(df, ["checkpoint_every", "dtype", "attention", "mode"])
+    df = newest(_at_the_handouts_setting("memory/checkpointing"), ["checkpoint_every", "dtype", "attention", "mode"])
     return df.sort_values("checkpoint_every").reset_index(drop=True)
 
 
 def ok_rows() -> pd.DataFrame:
-    df = rows()
-    return df[df["status"] == "ok"].reset_index(drop=True)
+    return where(rows(), status="ok").reset_index(drop=True)
 
 
 def block_size_table() -> str:
@@ -448,7 +425,7 @@ def measured_block_gib() -> float:
     """A from the measurements: the slope, in k, of the peak minus ceil(L/k) c."""
     df = ok_rows()
     k = df["checkpoint_every"].to_numpy(float)
-    return float(np.polyfit(k, df["peak_mem_gib"] - np.ceil(LAYERS / k) * checkpoint_bytes() / GiB, 1)[0])
+    return float(np.polyfit(k, df["peak_mem_gib"] - np.ceil(LAYERS / k) * CHECKPOINT_BYTES / GiB, 1)[0])
 
 
 def best() -> pd.Series:
@@ -465,7 +442,7 @@ def neighbour(offset: int) -> pd.Series:
 def peak_figure():
     """Measured peak per block size, the capacity, and the cells that ran out of memory."""
     df, cap = rows(), capacity_gib()
-    good, bad = df[df["status"] == "ok"], df[df["status"] == "oom"]
+    good, bad = where(df, status="ok"), where(df, status="oom")
     fig, ax = new_figure(7.0, 3.6)
     ax.plot(good["checkpoint_every"], good["peak_mem_gib"], "o-", label="allocator peak, forward + backward")
     ax.axhline(cap, color="grey", linestyle=":", linewidth=1, label="the H200's capacity")
@@ -480,24 +457,20 @@ def peak_figure():
 
 # ---- finer than a block, measured: the sub-block cells beside k = 0, 1, 2 ---------------------------
 
-SUBLAYER_LABELS = {"attn": "attention branch", "ffn": "feed-forward branch", "attn+ffn": "each branch (k = 1/2)"}
+HALF, ONE, ATTN, FFN = "each branch (k = 1/2)", "k = 1 (a block)", "attention branch", "feed-forward branch"
+SUBLAYER_LABELS = {"attn": ATTN, "ffn": FFN, "attn+ffn": HALF}
 
 
 def sublayer_rows() -> pd.DataFrame:
     """The newest row per sub-block granularity at the handout's setting, indexed by it."""
-    df = load_results(SUBLAYER_BENCH)
-    df = df[(df["size"] == SIZE) & (df["batch"] == BATCH) & (df["context"] == CONTEXT)]
-    return newest(df, ["sublayers", "dtype", "attention", "mode"]).set_index("sublayers")
+    return newest(_at_the_handouts_setting(SUBLAYER_BENCH), ["sublayers", "dtype", "attention", "mode"]).set_index("sublayers")
 
 
 def measured_granularity() -> pd.DataFrame:
-    """No checkpointing, k = 1 and 2 (the block-size sweep's newest rows) and the three sub-block
-    granularities: status, peak, what the forward left saved, the step time, and the share of the
-    forward each recomputes (by FLOPs, as in the granularity table)."""
+    """k = 0, 1, 2 (the block-size sweep) and the three sub-block cells, with the share each recomputes."""
     blocks = rows().set_index("checkpoint_every")
     recomputed = granularity().set_index("checkpointed")["recomputed"]
-    label = {0: "none", 1: "k = 1 (a block)", 2: "k = 2"}
-    picked = [(label[k], blocks.loc[k], 0.0 if k == 0 else 1.0) for k in (0, 1, 2)]
+    picked = [(name, blocks.loc[k], float(k > 0)) for k, name in ((0, "none"), (1, ONE), (2, "k = 2"))]
     picked += [(SUBLAYER_LABELS[g], r, float(recomputed[g])) for g, r in sublayer_rows().iterrows()]
     return pd.DataFrame([{"granularity": name, "status": r.status, "peak_gib": r.peak_mem_gib,
                           "saved_gib": r.saved_after_forward_gib, "step_s": r.median_ms / 1e3, "recomputed": share,
@@ -520,9 +493,6 @@ def _g(name: str, column: str) -> float:
     return float(measured_granularity().loc[name, column])
 
 
-HALF, ONE, ATTN, FFN = "each branch (k = 1/2)", "k = 1 (a block)", "attention branch", "feed-forward branch"
-
-
 def _half_block_ties_one_block() -> bool:
     """Measured: k = 1/2 keeps more after the forward (twice the inputs) yet peaks where k = 1 does
     (0.01 GiB: the allocator's peak is exact, a real difference would be a tensor's worth) and takes
@@ -532,7 +502,7 @@ def _half_block_ties_one_block() -> bool:
     residuals and working set and one input come within 10% of it (the working set is an estimate,
     held within 20% by tests/test_checkpointing.py)."""
     A, W = branch_bytes(), branch_backward_bytes(CKPT, BATCH, CONTEXT)
-    G, c = block_parameter_bytes(CKPT), checkpoint_bytes()
+    G, c = block_parameter_bytes(CKPT), CHECKPOINT_BYTES
     at_end = (8 * count_parameters(CKPT)["total"] + A["attn"] + W["attn"] + c) / GiB
     return (_g(HALF, "saved_gib") > _g(ONE, "saved_gib") and abs(_g(HALF, "peak_gib") - _g(ONE, "peak_gib")) < 0.01
             and abs(_g(HALF, "step_s") / _g(ONE, "step_s") - 1) < 0.02 and G > 2 * c
@@ -557,66 +527,62 @@ register(
     "memory",
     facts={
         "params_b": lambda: f"{count_parameters(CFG)['total'] / 1e9:.2f}",
-        "weights_mib": lambda: _mib(weights_mib()),
-        "four_copies_mib": lambda: _mib(4 * weights_mib()),
+        "weights_mib": lambda: _mib(WEIGHTS_MIB), "four_copies_mib": lambda: _mib(4 * WEIGHTS_MIB),
         "train_before_mib": lambda: _mib(peak(512, "train", "fp32", "before_mib")),
         "train_peak_512_mib": lambda: _mib(peak(512, "train")),
         "train_peak_512_bf16_mib": lambda: _mib(peak(512, "train", "bf16")),
+        "train_peak_128_mib": lambda: _mib(peak(128, "train")),
         "train_extra_512_mib": lambda: _mib(extra(512, "train")),
         "train_extra_128_mib": lambda: _mib(extra(128, "train")),
         "train_extra_256_mib": lambda: _mib(extra(256, "train")),
         "train_extra_256_bf16_mib": lambda: _mib(extra(256, "train", "bf16")),
         "fwd_before_mib": lambda: _mib(resident_mib(512)),
-        "fwd_other_mib": lambda: _mib(resident_mib(512) - weights_mib()),
+        "fwd_other_mib": lambda: _mib(resident_mib(512) - WEIGHTS_MIB),
         "fwd_peak_512_mib": lambda: _mib(peak(512, "forward")),
         "fwd_peak_512_bf16_mib": lambda: _mib(peak(512, "forward", "bf16")),
         "fwd_extra_mib": lambda: f"{_mib(extra(128, 'forward'))}, {_mib(extra(256, 'forward'))} and {_mib(extra(512, 'forward'))}",
         "fwd_extra_128_bf16_mib": lambda: _mib(extra(128, "forward", "bf16")),
         "fwd_extra_128_mib": lambda: _mib(extra(128, "forward")),
+        "fwd_extra_2048_mib": lambda: _mib(extra(2048, "forward")),
         "fwd_peak_2048_mib": lambda: _mib(peak(2048, "forward")),
+        "fwd_peak_2048_bf16_mib": lambda: _mib(peak(2048, "forward", "bf16")),
         "fwd_peak_128_mib": lambda: _mib(peak(128, "forward")),
         "block_saved_2048_gib": lambda: f"{block_saved(2048)['bytes'].sum() / GiB:.2f}",
         "block_top3_share": lambda: f"{block_saved(2048).share.head(3).sum():.0%}",
         "block_tie_mib": lambda: _mib(block_saved(2048)["bytes"].iloc[3] / MiB),
         "block_softmax_share": lambda: f"{block_saved(2048).share.iloc[0]:.0%}",
         "block_saved_512_mib": lambda: _mib(block_saved(512)["bytes"].sum() / MiB),
-        "block_grad_mib": lambda: _mib(block_gradient_mib()),
+        "block_grad_mib": lambda: _mib(BLOCK_GRADIENT_MIB),
         "backward_fall_gib": lambda: f"{backward_fall_gib():.2f}",
         "outside_saved_mib": lambda: _mib(outside_blocks_mib()[0]),
         "outside_grads_mib": lambda: _mib(outside_blocks_mib()[1]),
         "block_grad_measured_mib": lambda: _mib(block_gradient_measured_mib()),
-        "train_peak_128_mib": lambda: _mib(peak(128, "train")),
-        "fwd_extra_2048_mib": lambda: _mib(extra(2048, "forward")),
-        "fwd_peak_2048_bf16_mib": lambda: _mib(peak(2048, "forward", "bf16")),
-        "train_2048_peak_at_oom_mib": lambda: _mib(oom(2048, "train", "fp32").peak_mib_at_oom),
+        "train_2048_peak_at_oom_mib": lambda: _mib(oom_2048().peak_mib_at_oom),
         "train_2048_blocks_at_oom": lambda: int(blocks_saved_at_oom()),
+        "train_2048_tried_mib": lambda: _mib(oom_2048().tried_mib),
+        "capacity_mib": lambda: _mib(oom_2048().capacity_mib),
         "resident_2048_mib": lambda: _mib(resident_mib(2048)),
         "activations_2048_mib": lambda: _mib(activations_mib(2048)),
         "first_step_2048_need_mib": lambda: _mib(resident_mib(2048) + activations_mib(2048)),
-        "steady_step_2048_need_mib": lambda: _mib(resident_mib(2048) + 3 * weights_mib() + activations_mib(2048)),
+        "steady_step_2048_need_mib": lambda: _mib(resident_mib(2048) + 3 * WEIGHTS_MIB + activations_mib(2048)),
         "bf16_extra_128_train_gap_mib": lambda: f"{extra(128, 'train', 'bf16') - extra(128, 'train'):.1f}",
-        "train_2048_tried_mib": lambda: _mib(oom(2048, "train", "fp32").tried_mib),
-        "capacity_mib": lambda: _mib(oom(2048, "train", "fp32").capacity_mib),
         "score_2048_layers_gib": lambda: f"{tensor_sizes_mib(2048)['score'] * LAYERS / 1024:g}",
         "timeline_offset_mib": lambda: _mib(resident_offset_mib()[0]),
-        "ffn_weight_mib": lambda: f"{ffn_weight_mib():g}",
+        "ffn_weight_mib": lambda: f"{FFN_WEIGHT_MIB:g}",
         "autocast_cache_mib": lambda: _mib(autocast_cache_mib()),
         "residual_512_allocations": lambda: int(residual().allocations_of_that_size),
-        "residual_adds": lambda: residual_adds(),
-        "residual_adds_per_layer": lambda: residual_adds() // LAYERS,
+        "residual_adds": residual_adds, "residual_adds_per_layer": lambda: residual_adds() // LAYERS,
         "residual_128_bytes": lambda: f"{residual_stream_bytes(BATCH, 128, CFG.d_model, 4):,}",
-        "residual_128_mib": lambda: f"{residual_mib(128):g}",
-        "residual_512_mib": lambda: f"{residual_mib(512):g}",
+        "residual_128_mib": lambda: f"{residual_mib(128):g}", "residual_512_mib": lambda: f"{residual_mib(512):g}",
         "score_mib": lambda: f"{tensor_sizes_mib()['score']:g}",
         "ffn_hidden_mib": lambda: f"{tensor_sizes_mib()['ffn_hidden']:g}",
         "logits_mib": lambda: f"{tensor_sizes_mib()['logits']:.1f}",
         "embedding_mib": lambda: f"{tensor_sizes_mib()['embedding']:.1f}",
         # checkpointing.md
-        "ckpt_layers": lambda: LAYERS,
-        "ckpt_capacity_gib": lambda: f"{capacity_gib():.1f}",
+        "ckpt_layers": lambda: LAYERS, "ckpt_capacity_gib": lambda: f"{capacity_gib():.1f}",
         "ckpt_none_need_gib": lambda: f"{no_checkpointing_need_gib():.0f}",
         "ckpt_a_count_gib": lambda: f"{block_bytes() / GiB:.2f}",
-        "ckpt_c_mib": lambda: f"{checkpoint_bytes() / MiB:.0f}",
+        "ckpt_c_mib": lambda: f"{CHECKPOINT_BYTES / MiB:.0f}",
         "ckpt_k_star_count": lambda: f"{k_star(block_bytes() / GiB):.2f}",
         "ckpt_binary_forwards": lambda: theory.nested_forwards(LAYERS, "binary"),
         "ckpt_peel_forwards": lambda: theory.nested_forwards(LAYERS, "peel"),
@@ -624,8 +590,7 @@ register(
         "ckpt_peak_best_gib": lambda: f"{best()['peak_mem_gib']:.1f}",
         "ckpt_k_larger": lambda: int(neighbour(1)["checkpoint_every"]),
         "ckpt_peak_larger_gib": lambda: f"{neighbour(1)['peak_mem_gib']:.1f}",
-        "ckpt_warmup": lambda: int(ok_rows()["warmup"].iloc[0]),
-        "ckpt_steps": lambda: int(ok_rows()["steps"].iloc[0]),
+        "ckpt_warmup": lambda: int(ok_rows()["warmup"].iloc[0]), "ckpt_steps": lambda: int(ok_rows()["steps"].iloc[0]),
         "ckpt_k_max": lambda: int(rows()["checkpoint_every"].max()),
         "ckpt_a_measured_gib": lambda: f"{measured_block_gib():.2f}",
         "ckpt_k_star_measured": lambda: f"{k_star(measured_block_gib()):.2f}",
@@ -634,7 +599,7 @@ register(
         "ckpt_step_spread_pct": lambda: f"{100 * (ok_rows()['median_ms'].max() / ok_rows()['median_ms'].min() - 1):.0f}",
         "ckpt_attn_branch_gib": lambda: f"{branch_bytes()['attn'] / GiB:.2f}",
         "ckpt_ffn_branch_gib": lambda: f"{branch_bytes()['ffn'] / GiB:.2f}",
-        "ckpt_all_inputs_gib": lambda: f"{LAYERS * checkpoint_bytes() / GiB:.2f}",
+        "ckpt_all_inputs_gib": lambda: f"{LAYERS * CHECKPOINT_BYTES / GiB:.2f}",
         "ckpt_half_walked_gib": lambda: f"{_granular('attn+ffn', 'backward_peak_bytes') / GiB:.1f}",
         "ckpt_one_walked_gib": lambda: f"{_by_k(1, 'backward_peak_bytes') / GiB:.1f}",
         "ckpt_half_residual_gib": lambda: f"{_granular('attn+ffn', 'residual_peak_bytes') / GiB:.2f}",
@@ -644,13 +609,11 @@ register(
         "ckpt_attn_recomputed": lambda: f"{_granular('attn', 'recomputed'):.0%}",
         "ckpt_ffn_recomputed": lambda: f"{_granular('ffn', 'recomputed'):.0%}",
         "ckpt_half_peak_gib": lambda: f"{_g(HALF, 'peak_gib'):.1f}",
-        "ckpt_half_step_s": lambda: f"{_g(HALF, 'step_s'):.2f}",
-        "ckpt_one_step_s": lambda: f"{_g(ONE, 'step_s'):.2f}",
-        "ckpt_attn_peak_gib": lambda: f"{_g(ATTN, 'peak_gib'):.1f}",
-        "ckpt_ffn_peak_gib": lambda: f"{_g(FFN, 'peak_gib'):.1f}",
+        "ckpt_half_step_s": lambda: f"{_g(HALF, 'step_s'):.2f}", "ckpt_one_step_s": lambda: f"{_g(ONE, 'step_s'):.2f}",
+        "ckpt_attn_peak_gib": lambda: f"{_g(ATTN, 'peak_gib'):.1f}", "ckpt_ffn_peak_gib": lambda: f"{_g(FFN, 'peak_gib'):.1f}",
         "ckpt_branch_faster_pct": lambda: f"{100 * (1 - max(_g(ATTN, 'step_s'), _g(FFN, 'step_s')) / _g(ONE, 'step_s')):.0f}",
         "ckpt_grad_per_block_mib": lambda: _mib(block_parameter_bytes(CKPT) / MiB),
-        "ckpt_two_inputs_mib": lambda: _mib(2 * checkpoint_bytes() / MiB),
+        "ckpt_two_inputs_mib": lambda: _mib(2 * CHECKPOINT_BYTES / MiB),
     },
     tables={
         "peaks": peaks_table, "start": start_table, "residual_derivation": residual_derivation,
@@ -660,43 +623,40 @@ register(
         "ckpt_granularity": granularity_table_md, "ckpt_granularity_measured": measured_granularity_table,
     },
     figures={
-        "timeline_128_train": lambda: timeline_figure(128, "train"),
-        "timeline_128_forward": lambda: timeline_figure(128, "forward"),
-        "timeline_512_train": lambda: timeline_figure(512, "train"),
-        "timeline_512_forward": lambda: timeline_figure(512, "forward"),
-        "timeline_2048_forward": lambda: timeline_figure(2048, "forward"), "ckpt_peaks": peak_figure,
+        **{f"timeline_{context}_{mode}": functools.partial(timeline_figure, context, mode)
+           for context, mode in ((128, "train"), (128, "forward"), (512, "train"), (512, "forward"), (2048, "forward"))},
+        "ckpt_peaks": peak_figure,
     },
     claims={
         # (a): weights, gradients and two moments; the rest is small buffers (under 2%)
         "training_starts_from_four_copies": lambda: all(
-            near(peak(512, "train", dt, "before_mib"), 4 * weights_mib(), 0.02) for dt in ("fp32", "bf16")),
+            near(peak(512, "train", dt, "before_mib"), 4 * WEIGHTS_MIB, 0.02) for dt in ("fp32", "bf16")),
         "snapshot_cells_as_listed": lambda: snapshot_cells() == SNAPSHOT_CELLS,
         "short_context_peaks_in_the_optimizer": lambda: peak_phase(128) == "optimizer",
         # the offset is block rounding, not activations: the same to 1 MiB
         "timeline_offset_same_at_both_ends": lambda: abs(resident_offset_mib()[0] - resident_offset_mib()[1]) <= 1.0,
         "inference_adds_little": lambda: [extra(c, "forward") for c in (128, 256, 512)]
-        == sorted(extra(c, "forward") for c in (128, 256, 512)) and extra(512, "forward") < 0.05 * weights_mib()
-        and near(resident_mib(512), weights_mib(), 0.02),
+        == sorted(extra(c, "forward") for c in (128, 256, 512)) and extra(512, "forward") < 0.05 * WEIGHTS_MIB
+        and near(resident_mib(512), WEIGHTS_MIB, 0.02),
         "short_contexts_peak_at_the_optimizer_temporary": lambda: all(
-            near(extra(c, "train"), ffn_weight_mib(), 0.02) for c in (128, 256)),
-        "activations_set_the_512_peak": lambda: extra(512, "train") > 10 * ffn_weight_mib(),
+            near(extra(c, "train"), FFN_WEIGHT_MIB, 0.02) for c in (128, 256)),
+        "activations_set_the_512_peak": lambda: extra(512, "train") > 10 * FFN_WEIGHT_MIB,
         "inference_extra_at_2048_is_the_scores": lambda: extra(2048, "forward") > 10 * extra(512, "forward")
         and extra(2048, "forward") > tensor_sizes_mib(2048)["score"],
         "forward_fits_at_2048_training_does_not": lambda: all(
-            peak(2048, "forward", dt) < oom(2048, "train", "fp32").capacity_mib
-            and cells().loc[(2048, "train", dt)].status == "oom" for dt in ("fp32", "bf16")),
-        "activations_nearly_fill_the_gpu": lambda: 0.9 < activations_mib(2048) / oom(2048, "train", "fp32").capacity_mib < 1,
+            peak(2048, "forward", dt) < oom_2048().capacity_mib and oom_2048(dt).status == "oom" for dt in ("fp32", "bf16")),
+        "activations_nearly_fill_the_gpu": lambda: 0.9 < activations_mib(2048) / oom_2048().capacity_mib < 1,
         # 30.x blocks saved means the first forward: a steady-state step (3 more copies resident,
         # about 6 blocks' worth) would have failed before block 26
-        "first_step_cannot_fit": lambda: resident_mib(2048) + activations_mib(2048) > oom(2048, "train", "fp32").capacity_mib
+        "first_step_cannot_fit": lambda: resident_mib(2048) + activations_mib(2048) > oom_2048().capacity_mib
         and 29 < blocks_saved_at_oom() < 32,
         "failed_request_was_one_score_matrix": lambda: CFG.num_heads == CFG.num_layers == 32 and all(
-            oom(2048, "train", dt).tried_mib == tensor_sizes_mib(2048)["score"] == 4 * 32 * 2048**2 * 4 / MiB
+            oom_2048(dt).tried_mib == tensor_sizes_mib(2048)["score"] == 4 * 32 * 2048**2 * 4 / MiB
             for dt in ("fp32", "bf16")),
         "bf16_raises_every_peak": lambda: all(
             r.extra_mib > peaks().loc[(c, m, "fp32")].extra_mib for (c, m, dt), r in peaks().iterrows()
             if dt == "bf16" and (c, m, "fp32") in peaks().index)
-        and 0 < extra(128, "train", "bf16") - extra(128, "train") < 1 and near(extra(128, "train"), ffn_weight_mib(), 0.01),
+        and 0 < extra(128, "train", "bf16") - extra(128, "train") < 1 and near(extra(128, "train"), FFN_WEIGHT_MIB, 0.01),
         "bf16_training_peak_like_fp32": lambda: all(near(peak(c, "train", "bf16"), peak(c, "train"), 0.05) for c in (128, 256, 512)),
         "bf16_inference_peak_higher": lambda: all(peak(c, "forward", "bf16") > peak(c, "forward") for c in (128, 256, 512)),
         "bf16_extra_is_the_weight_cache": lambda: near(extra(128, "forward", "bf16"), autocast_cache_mib(), 0.02),
@@ -709,15 +669,15 @@ register(
         # every tensor the backward frees or allocates is counted and the levels are exact allocator
         # counts, so what remains (the loss scalar, its gradient) is bytes to KiB: 0.1 MiB per block
         # is far above that and below a block's smallest tensor that matters (20 MiB)
-        "measured_backward_gives_the_gradients": lambda: abs(block_gradient_measured_mib() - block_gradient_mib()) < 0.1,
+        "measured_backward_gives_the_gradients": lambda: abs(block_gradient_measured_mib() - BLOCK_GRADIENT_MIB) < 0.1,
         "block_count_is_checkpointings_a": lambda: block_saved(2048)["bytes"].sum() == block_bytes(),
         # checkpointing.md
         "the_2026_xl_is_our_2_7b": lambda: (CKPT.d_model, CKPT.d_ff, CKPT.num_layers, CKPT.num_heads) == (2560, 10240, 32, 32)
         and tuple(getattr(get_config("xl"), f) for f in ("d_model", "d_ff", "num_layers", "num_heads")) == (1600, 6400, 48, 25),
         "peel_is_least_memory_most_forwards": _strategies_ordered,
-        "k_star_below_one": lambda: block_bytes() > 10 * checkpoint_bytes() and k_star(block_bytes() / GiB) < 1
+        "k_star_below_one": lambda: block_bytes() > 10 * CHECKPOINT_BYTES and k_star(block_bytes() / GiB) < 1
         and k_star(measured_block_gib()) < 1
-        and theory.best_block_size(LAYERS, block_bytes(), checkpoint_bytes())["k_best"] == 1 == int(best()["checkpoint_every"]),
+        and theory.best_block_size(LAYERS, block_bytes(), CHECKPOINT_BYTES)["k_best"] == 1 == int(best()["checkpoint_every"]),
         "best_and_its_neighbours": lambda: best()["peak_mem_gib"] == ok_rows()["peak_mem_gib"].min() < neighbour(1)["peak_mem_gib"]
         and int(neighbour(1)["checkpoint_every"]) == 2 and neighbour(1)["status"] == "ok"
         and int(neighbour(-1)["checkpoint_every"]) == 0 and neighbour(-1)["status"] == "oom",
@@ -729,19 +689,13 @@ register(
         "one_segment_runs_out_of_memory": lambda: int(rows().iloc[-1]["checkpoint_every"]) == LAYERS
         and rows().iloc[-1]["status"] == "oom",
         "step_time_ignores_k": lambda: ok_rows()["median_ms"].max() / ok_rows()["median_ms"].min() - 1 < 0.10,
-        # within 0.1 GiB, far below one block's residuals (a leaked graph of a forward is GiBs)
         "branches_add_to_a_block": lambda: sum(branch_bytes().values()) == block_bytes(),
         "half_block_peaks_above_one_block": _half_block_peaks_above_one_block,
         "one_branch_keeps_the_other": _one_branch_keeps_the_other,
         "half_block_ties_one_block": _half_block_ties_one_block,
         "one_branch_is_faster_at_twice_the_memory": _one_branch_is_faster_at_twice_the_memory,
+        # within 0.1 GiB, far below one block's residuals (a leaked graph of a forward is GiBs)
         "every_cell_starts_alike": lambda: ok_rows()["params_gib"].max() - ok_rows()["params_gib"].min() < 0.1
         and ok_rows()["warmup"].nunique() == 1 and ok_rows()["steps"].nunique() == 1,
     },
 )
-
-
-def resident_offset_mib() -> tuple[float, float]:
-    """How far the timeline sits below the allocator's counter, at the start and at the peak."""
-    start = peak(512, "train", "fp32", "before_mib") - peak(512, "train", "fp32", "timeline_start_gib") * 1024
-    return start, peak(512, "train") - peak(512, "train", "fp32", "timeline_peak_gib") * 1024

@@ -14,7 +14,7 @@ import torch
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
-from report.profiling import PHASES_BENCH, SIZES, SIZES_2026, by_size, kernel_cells, phase, phase_rows
+from report.profiling import PHASES_BENCH, SIZES, SIZES_2026, by_size, kernel_cells, phase, phase_rows, pm_each, where
 from report.registry import register
 from report.results import load_results, markdown_table, newest, ok, with_source
 from report.units import pm, span
@@ -29,7 +29,7 @@ AUTOCAST_TENSORS = {"parameters": "parameters (inside autocast)", "fc1": "fc1 ou
 # ---- mixed_precision_accumulation --------------------------------------------------------------------
 
 def accumulation_table() -> str:
-    df = load_results("mixed-precision/accumulation").sort_values(["device_type", "loop"])
+    df = accumulation().reset_index().sort_values(["device_type", "loop"])
     shown = df[["device_type", "loop", "value_repr", "error", "addend_as_stored"]].rename(columns={
         "device_type": "device", "value_repr": "result (exact float)", "error": "result - 10",
         "addend_as_stored": "0.01 as stored in the addend's dtype"})
@@ -79,8 +79,7 @@ def _mixed_loops_exact() -> bool:
 # ---- benchmarking_mixed_precision (a): autocast's dtypes -----------------------------------------------
 
 def autocast_dtypes(device_type: str = "cuda", autocast: str = "fp16") -> dict[str, str]:
-    df = load_results("mixed-precision/autocast_dtypes")
-    df = df[(df["device_type"] == device_type) & (df["autocast"] == autocast)]
+    df = where(load_results("mixed-precision/autocast_dtypes"), device_type=device_type, autocast=autocast)
     return dict(zip(df["tensor"], df["dtype"]))
 
 
@@ -104,8 +103,7 @@ def speedups(rows: pd.DataFrame | None = None) -> pd.DataFrame:
 
 def precision_table() -> str:
     t = newest(ok("end-to-end/timings"), KEY)
-    i = t.set_index(KEY)
-    rows = []
+    i, rows = t.set_index(KEY), []
     for size in SIZES:
         for mode in MODES:
             a, b = i.loc[(size, mode, "fp32")], i.loc[(size, mode, "bf16")]
@@ -118,8 +116,7 @@ def precision_table() -> str:
 
 def spread(dtype: str) -> pd.Series:
     """std / mean of each newest cell of one dtype."""
-    t = newest(ok("end-to-end/timings"), KEY)
-    t = t[t["dtype"] == dtype]
+    t = where(newest(ok("end-to-end/timings"), KEY), dtype=dtype)
     return t.std_ms / t.mean_ms
 
 
@@ -156,8 +153,7 @@ def remeasured_table() -> str:
     r = remeasured_rows()
     shown = pd.DataFrame({
         "size": r["size"], "mode": r["mode"], "dtype": r["dtype"],
-        "first run ms": [pm(m, s) for m, s in zip(r.first_ms, r.first_std_ms)],
-        "re-run ms (in the table)": [pm(m, s) for m, s in zip(r.new_ms, r.new_std_ms)],
+        "first run ms": pm_each(r.first_ms, r.first_std_ms), "re-run ms (in the table)": pm_each(r.new_ms, r.new_std_ms),
         "change": r["change"].map("{:+.0%}".format),
         "SM clock MHz (re-run)": [_range(a, b) for a, b in zip(r.sm_min, r.sm_max)],
         "power W (re-run)": [_range(a, b) for a, b in zip(r.w_min, r.w_max)], "clock samples": r["samples"]})
@@ -169,10 +165,8 @@ def fp32_repeats() -> pd.DataFrame:
     cells of the torch.compile sweep (context 512, batch 4, 5 warm-up and 10 steps in both)."""
     from report.attention import compile_rows  # the compile sweep's rows live with that chapter
 
-    t = newest(ok("end-to-end/timings"), KEY)
-    t = t[t["dtype"] == "fp32"].set_index(["size", "mode"]).mean_ms
-    c = compile_rows()
-    c = c[~c["compile"] & (c["dtype"] == "fp32")].set_index(["size", "mode"]).mean_ms
+    t = where(newest(ok("end-to-end/timings"), KEY), dtype="fp32").set_index(["size", "mode"]).mean_ms
+    c = where(compile_rows(), compile=False, dtype="fp32").set_index(["size", "mode"]).mean_ms
     return by_size(pd.DataFrame([{"size": s, "mode": m, "timing grid ms": t[(s, m)], "compile sweep (eager) ms": c[(s, m)],
                                   "difference": c[(s, m)] / t[(s, m)] - 1} for s, m in c.index if (s, m) in t.index]))
 
@@ -185,18 +179,15 @@ def _fp32_repeat(sizes: list[str]) -> float:
 def python_us_per_launch() -> float:
     """Python time per kernel launch where launches set the pace: the small model at its shortest
     context, its unprofiled fp32 forward over its launches in the profile."""
-    k = kernel_cells()
-    small = k[k["size"] == "small"].sort_values("context").iloc[0]
+    small = where(kernel_cells(), size="small").sort_values("context").iloc[0]
     return small.fwd_python_ms * 1e3 / small.fwd_launches
 
 
 def launch_estimate() -> pd.DataFrame:
     """What launching an fp32 forward's kernels alone would take at context 512, at the Python time
     per launch of the launch-bound small model at context 128, next to the bf16 forwards measured."""
-    us, k = python_us_per_launch(), kernel_cells()
-    k512 = k[k["context"] == 512].set_index("size")
-    r = remeasured_rows()
-    fwd = r[(r["mode"] == "forward") & (r["dtype"] == "bf16")].set_index("size")
+    us, k512 = python_us_per_launch(), where(kernel_cells(), context=512).set_index("size")
+    fwd = where(remeasured_rows(), mode="forward", dtype="bf16").set_index("size")
     return pd.DataFrame([{"size": s, "fp32 forward launches": int(k512.loc[s, "fwd_launches"]),
                           "launch time ms (estimate)": k512.loc[s, "fwd_launches"] * us / 1e3,
                           "bf16 forward, first run ms": fwd.loc[s, "first_ms"],
