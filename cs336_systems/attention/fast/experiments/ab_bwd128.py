@@ -39,8 +39,22 @@ REDUCE = ("        tma.store_wait(0)  # the previous tile's reduction has read t
           "        fence_async_shared()\n"
           "        gl.thread_barrier()\n"
           "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)\n")
+# red2: two dQ staging buffers per math warpgroup. A bulk reduction reads its shared-memory source
+# while L2 takes the adds, so with one buffer the next tile's store waits for the previous tile's
+# reduction to drain (the no_reduce ablation: about 6 ms of 48 at the 8B step's cell); with two,
+# tile i waits only for tile i - 2's. 32 KB more shared memory: fits with one dS^T slot.
+RED_ALLOC = "    red_s = gl.allocate_shared_memory(gl.float32, [2, BM, 64], dq_desc.layout)\n"
+RED_PICK = "    red = red_s.index(W)\n"
+REDUCE2 = ("        tma.store_wait(1)  # tile i - 2's reduction has read this tile's staging buffer\n"
+           "        gl.thread_barrier()\n"
+           "        red_i = red.index(2 * W + (i & 1))\n"
+           "        red_i.store(dq * sm_scale)\n"
+           "        fence_async_shared()\n"
+           "        gl.thread_barrier()\n"
+           "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red_i)\n")
 VERSIONS = {
     "full": "the kernel as committed",
+    "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "no_dq": "ablation: no dQ matmul or adds (dQ wrong)",
@@ -58,7 +72,7 @@ def variant_source(name: str, source: str) -> str:
             source = variant_source(part, source)
         return source
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
-             "no_dq": (DQ_MMA, REDUCE)}.get(name, ())
+             "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK, REDUCE)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
             raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
@@ -70,6 +84,10 @@ def variant_source(name: str, source: str) -> str:
                     "        mbarrier.arrive(ld_empty.index(s), count=1)\n")
         moved = source.replace(WAIT_DKDV, "").replace(DQ_MMA, mma + wait_all)
         return moved
+    if name == "red2":
+        return (source.replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
+                .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n")
+                .replace(REDUCE, REDUCE2))
     if name == "no_reduce":
         return source.replace(REDUCE, _guard(REDUCE))
     if name == "no_dq":

@@ -1,0 +1,32 @@
+"""The head-dim-128 backward's A/B versions (experiments/ab_bwd128.py): each is the committed
+kernel's source with its edits applied exactly once, and still a Python module. Their speed and
+correctness are the GPU run's (`just bench flash-ab-bwd128`: each version is checked against the
+Triton backward before it is timed); Gluon has no CPU interpreter."""
+
+import ast
+
+import pytest
+
+from cs336_systems.attention.fast.experiments import ab_bwd128
+
+SOURCE = ab_bwd128.KERNEL_FILE.read_text()
+
+
+@pytest.mark.parametrize("version", [*ab_bwd128.VERSIONS, "red2+one_wait"])
+def test_every_version_edits_the_committed_kernel(version):
+    edited = ab_bwd128.variant_source(version, SOURCE)
+    ast.parse(edited)
+    assert (edited == SOURCE) == (version == "full")
+
+
+def test_red2_gives_each_warpgroup_two_staging_buffers_and_waits_for_the_older():
+    edited = ab_bwd128.variant_source("red2", SOURCE)
+    assert "[4, BM, 64]" in edited and "[2, BM, 64]" not in edited
+    assert "tma.store_wait(1)" in edited and "red.index(2 * W + (i & 1))" in edited
+
+
+def test_an_unknown_version_or_a_missing_line_is_refused():
+    with pytest.raises(ValueError, match="unknown version"):
+        ab_bwd128.variant_source("nope", SOURCE)
+    with pytest.raises(ValueError, match="copies of"):
+        ab_bwd128.variant_source("red2", SOURCE.replace(ab_bwd128.RED_PICK, ""))
