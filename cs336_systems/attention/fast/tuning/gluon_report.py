@@ -70,10 +70,23 @@ def fwd_report(d: int, causal: bool, block_n: int, stages: int, warpgroups: int)
                                                    maxnreg=maxnreg))
 
 
-def bwd128_report(causal: bool, stages: int, slots: int) -> dict:
+def bwd128_report(causal: bool, stages: int, slots: int, version: str = "full") -> dict:
+    """The d = 128 backward, or one of its A/B versions (experiments/ab_bwd128.py's VERSIONS)."""
+    import tempfile
+    from pathlib import Path
+
+    from ..experiments import ab_bwd128
+    from ..experiments.harness import load_variant
     from ..gluon.bwd128_ws import bwd128_args_for_report
 
     kernel, args, constexprs = bwd128_args_for_report(causal, stages, slots)
+    if version != "full":
+        name = "bwd128_" + version.replace("+", "_")
+        with tempfile.TemporaryDirectory() as workdir:
+            path = Path(workdir) / f"{name}.py"
+            path.write_text(ab_bwd128.variant_source(version, ab_bwd128.KERNEL_FILE.read_text()))
+            kernel = load_variant(name, path, ab_bwd128.VARIANT_PACKAGE).bwd128_ws_kernel
+            return compile_gluon(kernel, args, constexprs)
     return compile_gluon(kernel, args, constexprs)
 
 
@@ -84,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--settings", nargs="+", default=None, metavar="A,B,C",
                     help="fwd: WARPGROUPS,BLOCK_N,STAGES; bwd128: STAGES,SLOTS")
+    ap.add_argument("--version", default="full", help="bwd128: an A/B version of experiments/ab_bwd128.py (default full)")
     args = ap.parse_args(argv)
     import triton
 
@@ -97,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for s in args.settings or ["2,2"]:
             st, sl = (int(x) for x in s.split(","))
-            print(f"bwd128 causal={args.causal} stages={st} slots={sl}:", bwd128_report(args.causal, st, sl), flush=True)
+            print(f"bwd128 {args.version} causal={args.causal} stages={st} slots={sl}:",
+                  bwd128_report(args.causal, st, sl, args.version), flush=True)
     return 0
 
 
