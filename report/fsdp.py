@@ -313,10 +313,9 @@ register("fsdp", facts={
     "bf16_ceiling_more_than_doubles": lambda: bf16_speedup() > 2,
     "bf16_gathers_wait": lambda: window_over_gather("bf16", fixed=True).max() < 1
     and 0 < forward_stall_s("bf16") < forward_stall_s("bf16", fixed=True),
-    "fixed_cost_is_an_upper_bound": lambda: ddp.flat_saved_added_ms(GPU, ddp.one_allreduce_ms())[0] / 1e3
-    / float(ddp.at(GPU, "naive")["allreduce_calls"]) < fixed_cost_s(),
+    "fixed_cost_is_an_upper_bound": lambda: ddp.naive_excess_per_call_ms() / 1e3 < fixed_cost_s(),
     # (N-1)/N (G + 2P) against 2 (N-1)/N G, with G = P
     "fsdp_moves_one_and_a_half_ddps_bytes": lambda: abs(_comm("FSDP fp32", "GB received per rank") / _comm("DDP", "GB received per rank") - 1.5) < 1e-9,
     # small: under 15% of the compute-only step
-    "communication_small_next_to_compute": lambda: communication()["ms alone"].max() < 0.15 * float(ddp.at(GPU, "compute-only")["step_ms"]),
+    "communication_small_next_to_compute": lambda: communication()["ms alone"].max() < 0.15 * ddp.value(GPU, "compute-only", "step_ms"),
 })
