@@ -25,6 +25,7 @@ from report.units import near
 
 N_NODE = 8          # GPUs in one NVLink-switched HGX H200 node: the N the per-problem tables use
 S_EXAMPLE = 1e9     # bytes of the all-reduce the alternate ring is timed on
+DATASHEET, MEASURED, INFINIBAND = "H200 NVLink, datasheet", "H200 NVLink, measured", "H200 InfiniBand, datasheet"
 
 
 def reachable_device() -> Device:
@@ -39,9 +40,8 @@ def reachable_device() -> Device:
 
 def settings() -> dict[str, answers.Setting]:
     """The leaderboard FFN on three devices: datasheet NVLink, measured NVLink, InfiniBand."""
-    return {"H200 NVLink, datasheet": answers.leaderboard_setting(H200_NVLINK),
-            "H200 NVLink, measured": answers.leaderboard_setting(reachable_device()),
-            "H200 InfiniBand, datasheet": answers.leaderboard_setting(H200_INFINIBAND)}
+    return {DATASHEET: answers.leaderboard_setting(H200_NVLINK), MEASURED: answers.leaderboard_setting(reachable_device()),
+            INFINIBAND: answers.leaderboard_setting(H200_INFINIBAND)}
 
 
 SETTING = answers.leaderboard_setting()  # datasheet NVLink: the setting every answer quotes
@@ -49,12 +49,7 @@ SETTING = answers.leaderboard_setting()  # datasheet NVLink: the setting every a
 
 # -- one table per problem: its parts' values at N = N_NODE ------------------------------------
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms"
-
-
-def _tflop(flops: float) -> str:
-    return f"{flops / 1e12:.2f} TFLOP"
+_ms = lambda seconds: f"{seconds * 1e3:.3f} ms"
 
 
 def setting_table() -> str:
@@ -89,16 +84,20 @@ def per_pass_table(strategy: str, N: int = N_NODE) -> str:
     rows = []
     for pass_ in ("forward", "backward"):
         compute, comm = _compute_and_comm(strategy, pass_, N)
-        rows.append({"pass": pass_, "FLOPs per device": _tflop(compute * SETTING.C),
+        rows.append({"pass": pass_, "FLOPs per device": f"{compute * SETTING.C / 1e12:.2f} TFLOP",
                      "compute": _ms(compute), "communication": _ms(comm),
                      "communication-bound": comm > compute})
     return markdown_table(pd.DataFrame(rows))
 
 
-def integer_split(overlap: bool, s: answers.Setting = SETTING) -> tuple[int, int]:
-    """(N_FSDP, N_TP), whole devices, with the most devices N_FSDP N_TP whose forward stays
-    compute-bound (the real-valued optimum is costs.fsdp_tp_split); ties go to less TP."""
-    f_max, t_max = costs.fsdp_tp_split(s.B, s.F, s.C, s.W, overlap)
+# (N_FSDP, N_TP), real-valued, with the most devices whose forward stays compute-bound
+real_split = lambda overlap: costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, overlap)
+
+
+def integer_split(overlap: bool) -> tuple[int, int]:
+    """real_split in whole devices: the most devices N_FSDP N_TP whose forward stays compute-bound;
+    ties go to less TP."""
+    s, (f_max, t_max) = SETTING, real_split(overlap)
     best = (1, 1)
     for t in range(1, math.floor(max(f_max, t_max) * 2) + 1):
         for f in range(1, math.floor(max(f_max, t_max) * 2) + 1):
@@ -147,11 +146,6 @@ def bounds() -> pd.DataFrame:
                           sort=False).reset_index()
 
 
-def bounds_table() -> str:
-    df = bounds().rename(columns={"row": "strategy, pass"})
-    return markdown_table(df, floatfmt=".1f", formats={"formula": lambda f: f"`{f}`"})
-
-
 def bounds_figure():
     """Horizontal bars, log scale: the largest N per strategy and pass, per device setting."""
     df = bounds()
@@ -196,30 +190,19 @@ def ratio_figure():
 
 # -- the quantities the page's sentences quote -------------------------------------------------
 
-def bound(strategy: str, pass_: str, setting: str = "H200 NVLink, datasheet") -> float:
-    df = answers.communication_bound_devices(settings()[setting])
-    return float(df[(df.strategy == strategy) & (df["pass"] == pass_)].max_devices.iloc[0])
-
-
-def c_over_w(setting: str) -> float:
-    s = settings()[setting]
-    return s.C / s.W
-
-
-def _alt(N: int, key: str) -> float:
-    return answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)[key]["value"]
-
-
-def _pass(strategy: str, pass_: str, which: int) -> float:
-    return _compute_and_comm(strategy, pass_, N_NODE)[which]
+# the largest N before communication outlasts compute, for one strategy and pass on one device
+bound = lambda strategy, pass_, setting=DATASHEET: float(bounds().set_index("row").loc[f"{strategy}, {pass_}", setting])
+c_over_w = lambda setting: settings()[setting].C / settings()[setting].W
+_alt = lambda N, key: answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)[key]["value"]
+_pass = lambda strategy, pass_, which: _compute_and_comm(strategy, pass_, N_NODE)[which]  # which: 0 compute, 1 comm
 
 
 _FACTS = {
     "n_node": lambda: f"{N_NODE}",
-    "c_over_w": lambda: f"{c_over_w('H200 NVLink, datasheet'):,.0f}",
+    "c_over_w": lambda: f"{c_over_w(DATASHEET):,.0f}",
     "reach_c_tflops": lambda: f"{reproducing.matmul_ceiling_tflops('bf16'):.0f}",
     "reach_w_gbps": lambda: f"{reachable_device().egress_bandwidth / 1e9:.0f}",
-    "reach_c_over_w": lambda: f"{c_over_w('H200 NVLink, measured'):,.0f}",
+    "reach_c_over_w": lambda: f"{c_over_w(MEASURED):,.0f}",
     "alt_ms_8": lambda: f"{_alt(8, 'time') * 1e3:.1f}",
     "ring_ms_8": lambda: f"{_alt(8, 'ring_all_reduce') * 1e3:.2f}",
     "dp_bwd_tflop_8": lambda: f"{_pass('DP', 'backward', 0) * SETTING.C / 1e12:.2f}",
@@ -234,14 +217,14 @@ _FACTS = {
     "fsdp_tp_overlap_bound": lambda: f"{bound('FSDP+TP, overlapped', 'forward'):.0f}",
     "fsdp_tp_serial_bound": lambda: f"{bound('FSDP+TP, not overlapped', 'forward'):.0f}",
     "serial_over_overlap": lambda: f"{bound('FSDP+TP, not overlapped', 'forward') / bound('FSDP+TP, overlapped', 'forward'):.2f}",
-    "overlap_split": lambda: "{:.1f} x {:.1f}".format(*costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, True)),
-    "serial_split": lambda: "{:.1f} x {:.1f}".format(*costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, False)),
+    "overlap_split": lambda: "{:.1f} x {:.1f}".format(*real_split(True)),
+    "serial_split": lambda: "{:.1f} x {:.1f}".format(*real_split(False)),
     "overlap_int": lambda: "{} x {} = {}".format(*integer_split(True), math.prod(integer_split(True))),
     "serial_int": lambda: "{} x {} = {}".format(*integer_split(False), math.prod(integer_split(False))),
     "b_over_dff": lambda: f"{SETTING.B / (1.5 * SETTING.F):.1f}",
     "ib_w_drop": lambda: f"{H200_NVLINK.egress_bandwidth / H200_INFINIBAND.egress_bandwidth:.0f}",
-    "ib_dp_bound": lambda: f"{bound('DP', 'backward', 'H200 InfiniBand, datasheet'):.1f}",
-    "ib_tp_fwd_bound": lambda: f"{bound('TP', 'forward', 'H200 InfiniBand, datasheet'):.1f}",
+    "ib_dp_bound": lambda: f"{bound('DP', 'backward', INFINIBAND):.1f}",
+    "ib_tp_fwd_bound": lambda: f"{bound('TP', 'forward', INFINIBAND):.1f}",
 }
 B, D, F = 2 * 32_768, 4_096, 11_008  # "batch 2 at context 32,768 ... D = 4,096 and D_FF = 11,008"
 C, W = 989e12, 450e9                 # the H200 datasheet: dense bf16, NVLink one direction
@@ -276,16 +259,16 @@ def _measured_keeps_c_over_w() -> bool:
     bound moves by more than 5%."""
     reach = reachable_device()
     c, w = reach.flops / C, reach.egress_bandwidth / W
-    moved = bounds()["H200 NVLink, measured"] / bounds()["H200 NVLink, datasheet"] - 1
+    moved = bounds()[MEASURED] / bounds()[DATASHEET] - 1
     return c < 1 and w < 1 and abs(c / w - 1) < 0.05 and (moved.abs() < 0.05).all()
 
 
 def _infiniband_tp_comm_bound_on_two() -> bool:
     ratio = H200_NVLINK.egress_bandwidth / H200_INFINIBAND.egress_bandwidth
-    scaled = all(near(bound(s, p, "H200 InfiniBand, datasheet") - 1, (bound(s, p) - 1) / ratio, 1e-12)
+    scaled = all(near(bound(s, p, INFINIBAND) - 1, (bound(s, p) - 1) / ratio, 1e-12)
                  for s, p in (("DP", "backward"), ("TP", "forward")))
     N = 2  # communication outlasts compute at N = 2 over InfiniBand
-    return (near(ratio, 9, 1e-12) and scaled and bound("TP", "forward", "H200 InfiniBand, datasheet") < 2
+    return (near(ratio, 9, 1e-12) and scaled and bound("TP", "forward", INFINIBAND) < 2
             and 4 * B * D * (N - 1) / (N * H200_INFINIBAND.egress_bandwidth) > 6 * B * D * F / (N * C))
 
 
@@ -309,7 +292,8 @@ def _tp_prediction_adds_the_terms() -> bool:
 register("parallelism", facts=_FACTS, tables={
     "setting": setting_table, "alternate": alternate_table, "dp": lambda: per_pass_table("DP"),
     "fsdp": lambda: per_pass_table("FSDP"), "tp": lambda: per_pass_table("TP"), "fsdp_tp": fsdp_tp_table,
-    "bounds": bounds_table, "tp_prediction": tp_prediction_table,
+    "bounds": lambda: markdown_table(bounds().rename(columns={"row": "strategy, pass"}), floatfmt=".1f",
+                                     formats={"formula": lambda f: f"`{f}`"}), "tp_prediction": tp_prediction_table,
 }, figures={"bounds": bounds_figure, "ratio": ratio_figure}, claims={
     "setting_is_the_leaderboard_8b": lambda: (2 * get_config("8B").context_length, get_config("8B").d_model, get_config("8B").d_ff) == (B, D, F)
     and (SETTING.B, SETTING.D, SETTING.F, SETTING.C, SETTING.W) == (B, D, F, C, W),
