@@ -43,9 +43,8 @@ def stage_label(row: pd.Series | dict) -> str:
     return str(row["stage"])
 
 
-def _key(row: dict, key: list[str]) -> tuple:
-    """The row's values under `key`, NaN spelled "nan" so that equal configurations compare equal."""
-    return tuple("nan" if pd.isna(row.get(k)) else row.get(k) for k in key)
+# a row's values under `key`, NaN spelled "nan" so that equal configurations compare equal
+_key = lambda row, key: tuple("nan" if pd.isna(row.get(k)) else row.get(k) for k in key)
 
 
 def _in_stage_order(df: pd.DataFrame, first: list[str]) -> pd.DataFrame:
@@ -55,12 +54,10 @@ def _in_stage_order(df: pd.DataFrame, first: list[str]) -> pd.DataFrame:
 
 
 def runs(device: str = CPU) -> pd.DataFrame:
-    """Every ok step row, with `run` (1, 2, ...), `label`, `overhead_ms` (the step minus the
-    compute-only step of the same run: what data parallelism costs) and `outside_ms` (that overhead
-    minus the time in finish_gradient_synchronization: what it added outside it).
-
-    In time order, a new run starts at the first row whose configuration the current run already
-    has (a run cut by the time limit and resumed adds only the missing configurations: one run)."""
+    """Every ok step row, with `run` (1, 2, ...), `label`, `overhead_ms` (the step minus the same
+    run's compute-only step: what data parallelism costs) and `outside_ms` (that overhead minus the
+    time in finish_gradient_synchronization). A new run starts at the first row whose configuration
+    the current run already has: a run cut by the time limit and resumed stays one run."""
     df = load_results(STEPS, device).sort_values("time_utc", kind="stable").reset_index(drop=True)
     numbers, run, seen = [], 1, set()
     for key in (_key(r, STEPS_KEY) for r in df.to_dict("records")):
@@ -96,27 +93,18 @@ def steps(device: str = CPU) -> pd.DataFrame:
     return _in_stage_order(out.reset_index(drop=True), ["size", "world_size"])
 
 
-def value(device: str, label: str, column: str) -> float:
-    """One configuration's `column` in `steps` (label 'naive', 'bucketed 10 MB', 'torch-ddp', ...)."""
-    return float(steps(device).set_index("label").loc[label, column])
-
-
-def per_run(device: str, column: str) -> pd.DataFrame:
-    """`column` of every configuration in every run: index run, columns label."""
-    return runs(device).pivot(index="run", columns="label", values=column)
-
-
-def bucketed(device: str) -> pd.DataFrame:
-    """The bucketed stage's rows of `steps`, smallest cap first."""
-    df = steps(device)
-    return df[df["stage"] == "bucketed"].sort_values("bucket_size_mb").reset_index(drop=True)
+# one configuration's column of `steps` (label 'naive', 'bucketed 10 MB', ...); a column of every run
+value = lambda device, label, column: float(steps(device).set_index("label").loc[label, column])
+per_run = lambda device, column: runs(device).pivot(index="run", columns="label", values=column)
+# the bucketed stage's rows of `steps`, smallest cap first; those from 10 MB up
+bucketed = lambda device: steps(device).query("stage == 'bucketed'").sort_values("bucket_size_mb").reset_index(drop=True)
+big_caps = lambda device: bucketed(device).query("bucket_size_mb >= 10")
 
 
 def _each_run(df: pd.DataFrame) -> dict[str, list[str]]:
     """The column of each run's step, where some configuration ran more than once."""
-    if not (df["runs"] > 1).any():
-        return {}
-    return {"each run (ms)": [" / ".join(f"{x:.0f}" for x in t) for t in df["step_ms_runs"]]}
+    several = (df["runs"] > 1).any()
+    return {"each run (ms)": [" / ".join(f"{x:.0f}" for x in t) for t in df["step_ms_runs"]]} if several else {}
 
 
 def steps_table(device: str = CPU) -> str:
@@ -194,15 +182,10 @@ def timelines_figure(device: str = CPU) -> plt.Figure:
     return fig
 
 
-def hidden(device: str = CPU) -> pd.Series:
-    """Share of all-reduce time that ran while the device computed, per configuration label
-    (configurations that do not communicate are left out)."""
-    return traces(device).set_index("label")["overlap_fraction"].dropna().astype(float)
-
-
-def hooked_hidden(device: str) -> pd.Series:
-    h = hidden(device)
-    return h.drop(["naive", "flat"])
+# per configuration that communicates: the share of its all-reduce time that ran while the device
+# computed; and of the stages that communicate during backward
+hidden = lambda device: traces(device).set_index("label")["overlap_fraction"].dropna().astype(float)
+hooked_hidden = lambda device: hidden(device).drop(["naive", "flat"])
 
 
 # -- the bucket model -----------------------------------------------------------------------------
@@ -259,8 +242,7 @@ def xl_tensor_bytes() -> list[tuple[str, int]]:
     return [(n, p.numel() * 4) for n, p in model.named_parameters()]
 
 
-def _xl_bytes() -> int:
-    return sum(b for _, b in xl_tensor_bytes())
+_xl_bytes = lambda: sum(b for _, b in xl_tensor_bytes())
 
 
 def xl_tensor_sizes() -> pd.DataFrame:
@@ -306,26 +288,28 @@ def naive_terms_ms(device: str) -> tuple[float, float]:
     return k * model.o * 1e3, model.s / model.w * 1e3
 
 
-def naive_sync_share(device: str) -> float:
-    return value(device, "naive", "sync_ms") / value(device, "naive", "step_ms")
-
-
-def one_allreduce_ms() -> float:
-    """One all-reduce of the xl model's whole gradient, timed alone by the sharding benchmark."""
-    return sharding.measured_collective_ms("all_reduce", GPU)
+naive_fixed_over_transfer = lambda device: np.divide(*naive_terms_ms(device))
+naive_sync_share = lambda device: value(device, "naive", "sync_ms") / value(device, "naive", "step_ms")
+# one all-reduce of the xl model's whole gradient, timed alone by the sharding benchmark
+one_allreduce_ms = lambda: sharding.measured_collective_ms("all_reduce", GPU)
 
 
 def flat_saved_added_ms() -> tuple[float, float]:
     """On the GPU, what flattening saves, naive's communication alone beyond the transfer time s/w,
-    and what it adds, flat's communication alone beyond one all-reduce of the whole gradient: the
-    copies into and out of the flat buffer."""
+    and what it adds, flat's beyond one all-reduce of the whole gradient: the copies into and out of
+    the flat buffer."""
     return (value(GPU, "naive", "comm_alone_ms") - naive_terms_ms(GPU)[1],
             value(GPU, "flat", "comm_alone_ms") - one_allreduce_ms())
 
 
-def naive_excess_per_call_ms() -> float:
-    """What naive's communication alone spends beyond the transfer, per all-reduce call."""
-    return flat_saved_added_ms()[0] / value(GPU, "naive", "allreduce_calls")
+# what naive's communication alone spends beyond the transfer, per all-reduce call
+naive_excess_per_call_ms = lambda: flat_saved_added_ms()[0] / value(GPU, "naive", "allreduce_calls")
+
+
+def average_call_over_knee(device: str) -> float:
+    """naive's average call (the gradient over its calls) over the fit's knee o·w."""
+    model = fitted_bucket_model(device)
+    return model.s / value(device, "naive", "allreduce_calls") / (model.o * model.w)
 
 
 def clearly_faster(device: str, fast: str, slow: str) -> pd.Series:
@@ -341,38 +325,14 @@ def overlap_saved_ms(device: str) -> pd.Series:
     return df[df["stage"] == "naive"].set_index("run")["overhead_ms"] - hooked
 
 
-def caps_step(device: str) -> pd.DataFrame:
-    """Per run (rows): each bucket cap's step (columns)."""
-    step = per_run(device, "step_ms")
-    return step[[c for c in step.columns if c.startswith("bucketed")]]
-
-
-def best_cap_vs_torch(device: str) -> pd.Series:
-    """Per run: the fastest bucket cap's step over PyTorch's DDP step, minus 1."""
-    return caps_step(device).min(axis=1) / per_run(device, "step_ms")["torch-ddp"] - 1
-
-
-def run_move_ms(device: str) -> pd.Series:
-    """Per configuration: how far its step moved between runs (largest minus smallest run)."""
-    df = steps(device).set_index("label")
-    return df["step_ms_hi"] - df["step_ms_lo"]
-
-
-def runs_apart_min(device: str) -> float:
-    """Minutes from the first run's start to the last run's."""
-    starts = runs(device).groupby("run")["time_utc"].min().map(pd.Timestamp)
-    return (starts.iloc[-1] - starts.iloc[0]).total_seconds() / 60
-
-
-def big_caps(device: str) -> pd.DataFrame:
-    """The caps from 10 MB up, where the GPU's step curve is flat."""
-    b = bucketed(device)
-    return b[b["bucket_size_mb"] >= 10]
-
-
-def big_caps_spread_ms() -> float:
-    step = big_caps(GPU)["step_ms"]
-    return step.max() - step.min()
+# per run (rows): each bucket cap's step (columns); the fastest cap's over PyTorch's DDP's, minus 1
+caps_step = lambda device: per_run(device, "step_ms").filter(like="bucketed")
+best_cap_vs_torch = lambda device: caps_step(device).min(axis=1) / per_run(device, "step_ms")["torch-ddp"] - 1
+# per configuration: how far its step moved between runs (largest minus smallest run)
+run_move_ms = lambda device: steps(device).set_index("label").eval("step_ms_hi - step_ms_lo")
+# minutes from the first run's start to the last run's
+runs_apart_min = lambda device: np.ptp(pd.to_datetime(runs(device).groupby("run")["time_utc"].min())).total_seconds() / 60
+_slug = lambda label: label.lower().replace(" ", "_").replace("-", "_")  # 'bucketed 1 MB' -> 'bucketed_1_mb'
 
 
 def xl2026() -> dict[str, float]:
@@ -382,22 +342,6 @@ def xl2026() -> dict[str, float]:
     n = pa.ddp_numbers(pa.XL_2026, bus_bytes_per_s=model.w)
     return {**n, "fixed_ms": n["tensors"] * model.o * 1e3, "transfer_ms": n["allreduce_s"] * 1e3,
             "knee_bytes": model.o * model.w}
-
-
-def naive_fixed_over_transfer(device: str) -> float:
-    fixed, transfer = naive_terms_ms(device)
-    return fixed / transfer
-
-
-def average_call_over_knee(device: str) -> float:
-    """naive's average call (the gradient over its calls) over the fit's knee o·w."""
-    model = fitted_bucket_model(device)
-    return model.s / value(device, "naive", "allreduce_calls") / (model.o * model.w)
-
-
-def _slug(label: str) -> str:
-    """'bucketed 1 MB' -> 'bucketed_1_mb', 'torch-ddp' -> 'torch_ddp'."""
-    return label.lower().replace(" ", "_").replace("-", "_")
 
 
 def _xl2026_naive_is_bandwidth_bound() -> bool:
@@ -509,7 +453,7 @@ register("ddp", facts={
     "gpu_overlap_outside_each_ms": lambda: listed(per_run(GPU, "outside_ms")["overlap"], ".0f"),
     "gpu_bucketed_steps": lambda: listed(bucketed(GPU)["step_ms"], ".0f"),
     "gpu_bucket_counts": lambda: listed(bucketed(GPU)["allreduce_calls"], ".0f"),
-    "gpu_bucket_spread_ms": lambda: f"{big_caps_spread_ms():.0f}",
+    "gpu_bucket_spread_ms": lambda: f"{np.ptp(big_caps(GPU)['step_ms']):.0f}",
     "gpu_best_cap_vs_torch": lambda: f"{best_cap_vs_torch(GPU).abs().max():.1%}",
     "gpu_overlap_saved_max_ms": lambda: f"{overlap_saved_ms(GPU).max():.0f}",
     "gpu_bucketed_sync_range_ms": lambda: span(bucketed(GPU)["sync_ms"]),
@@ -518,7 +462,7 @@ register("ddp", facts={
     "gpu_optimal_bucket_mb": lambda: f"{fitted_bucket_model(GPU).optimal_bucket_bytes / 2**20:.0f}",
     "gpu_min_overhead_ms": lambda: f"{fitted_bucket_model(GPU).min_overhead * 1e3:.1f}",
     "gpu_measured_over_model": lambda: span(model_vs_measured(GPU).eval("measured_ms / model_ms"), ".1f"),
-    "cpu_bucket_spread_ms": lambda: f"{bucketed(CPU)['step_ms'].max() - bucketed(CPU)['step_ms'].min():.0f}",
+    "cpu_bucket_spread_ms": lambda: f"{np.ptp(bucketed(CPU)['step_ms']):.0f}",
     "cpu_step_std_ms": lambda: f"{bucketed(CPU)['step_ms_std'].median():.0f}",
     "cpu_optimal_bucket_mb": lambda: f"{fitted_bucket_model(CPU).optimal_bucket_bytes / 2**20:.1f}",
     **{f"gpu_run{r}_best_cap_vs_torch": (lambda r=r: f"{best_cap_vs_torch(GPU)[r]:+.1%}") for r in (1, 2)},
@@ -574,7 +518,7 @@ register("ddp", facts={
     # about as much: within 10 points
     "cpu_per_parameter_hides_less": lambda: hidden(CPU)["overlap"] < hidden(CPU)["bucketed 1 MB"]
     and abs(hidden(CPU)["overlap"] - hidden(CPU)["bucketed 10 MB"]) < 0.10,
-    "bucket_curve_flat_from_10_mb": lambda: big_caps_spread_ms() < run_move_ms(GPU)[big_caps(GPU)["label"]].min(),
+    "bucket_curve_flat_from_10_mb": lambda: np.ptp(big_caps(GPU)['step_ms']) < run_move_ms(GPU)[big_caps(GPU)["label"]].min(),
     "1_mb_cap_slowest_in_run_1_only": lambda: caps_step(GPU).idxmax(axis=1).eq("bucketed 1 MB").to_dict() == {1: True, 2: False}
     and value(GPU, "bucketed 1 MB", "allreduce_calls") == value(GPU, "naive", "allreduce_calls"),
     "overlap_saved_little": lambda: (overlap_saved_ms(GPU) < per_run(GPU, "overhead_ms")["naive"] / 2).all(),
