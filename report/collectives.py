@@ -7,6 +7,8 @@ file holds gloo on CPU tensors and on CUDA tensors, so the backend alone does no
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from cs336_systems.distributed.bucket_model import fit_latency_bandwidth
@@ -87,8 +89,7 @@ def all_reduce_figure(device: str = CPU):
     return fig
 
 
-def _fit(rows: pd.DataFrame) -> tuple[float, float]:
-    return fit_latency_bandwidth(rows["size_bytes"].tolist(), (rows["time_ms"] / 1e3).tolist())
+_fit = lambda rows: fit_latency_bandwidth(rows["size_bytes"].tolist(), (rows["time_ms"] / 1e3).tolist())
 
 
 def fit(device: str, kind: str, ranks: int) -> tuple[float, float]:
@@ -126,92 +127,70 @@ def fits_table(device: str = CPU) -> str:
     return markdown_table(shown, floatfmt=".3g")
 
 
-def knee_mb(device: str, kind: str, ranks: int = 2) -> float:
-    o, w = fit(device, kind, ranks)
-    return o * w / 2**20
-
-
-# name: (device, kind, ranks, size MB, column, scale, format)
+knee_mb = lambda device, kind, ranks=2: math.prod(fit(device, kind, ranks)) / 2**20
+_t = lambda device, kind, n, mb, column="time_ms": float(cell(device, kind, n, mb)[column])
+# the cells the page quotes: (device, kind, ranks) of the GPU host's three kinds, and the CPU's gloo
+NCCL, GLOO_CUDA, GLOO_CPU = (GPU, "nccl+cuda", 2), (GPU, "gloo+cuda", 2), (GPU, "gloo+cpu", 2)
+CPU2, CPU4, CPU6 = ((CPU, "gloo+cpu", n) for n in (2, 4, 6))
+# name: ((device, kind, ranks), size MB, column, scale, format)
 _CELLS = {
-    "nccl_1gb_ms": (GPU, "nccl+cuda", 2, GB_MB, "time_ms", 1, ".1f"),
-    "nccl_1gb_busbw": (GPU, "nccl+cuda", 2, GB_MB, "busbw_gbps", 1, ".0f"),
-    "nccl_4kb_us": (GPU, "nccl+cuda", 2, PROBE_MB, "time_ms", 1e3, ".0f"),
-    "nccl_4kb_std_us": (GPU, "nccl+cuda", 2, PROBE_MB, "time_ms_std", 1e3, ".0f"),
-    "nccl_1mb_us": (GPU, "nccl+cuda", 2, 1, "time_ms", 1e3, ".0f"),
-    "nccl_1mb_std_us": (GPU, "nccl+cuda", 2, 1, "time_ms_std", 1e3, ".0f"),
-    "nccl_1mb_busbw": (GPU, "nccl+cuda", 2, 1, "busbw_gbps", 1, ".0f"),
-    "nccl_10mb_busbw": (GPU, "nccl+cuda", 2, 10, "busbw_gbps", 1, ".0f"),
-    "nccl_100mb_busbw": (GPU, "nccl+cuda", 2, 100, "busbw_gbps", 1, ".0f"),
-    "gloo_cuda_1gb_ms": (GPU, "gloo+cuda", 2, GB_MB, "time_ms", 1, ".0f"),
-    "gloo_cuda_1gb_busbw": (GPU, "gloo+cuda", 2, GB_MB, "busbw_gbps", 1, ".2f"),
-    "gloo_cpu_1gb_busbw": (GPU, "gloo+cpu", 2, GB_MB, "busbw_gbps", 1, ".2f"),
-    "gloo_cuda_1mb_ms": (GPU, "gloo+cuda", 2, 1, "time_ms", 1, ".2f"),
-    "gloo_cpu_1mb_ms": (GPU, "gloo+cpu", 2, 1, "time_ms", 1, ".2f"),
-    "cpu_4kb_ms_2": (CPU, "gloo+cpu", 2, PROBE_MB, "time_ms", 1, ".2f"),
-    "cpu_4kb_ms_4": (CPU, "gloo+cpu", 4, PROBE_MB, "time_ms", 1, ".1f"),
-    "cpu_4kb_ms_6": (CPU, "gloo+cpu", 6, PROBE_MB, "time_ms", 1, ".1f"),
-    "cpu_1mb_busbw_2": (CPU, "gloo+cpu", 2, 1, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_2": (CPU, "gloo+cpu", 2, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_4": (CPU, "gloo+cpu", 4, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_6": (CPU, "gloo+cpu", 6, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_ms_4": (CPU, "gloo+cpu", 4, GB_MB, "time_ms", 1, ".0f"),
-    "cpu_1gb_std_4": (CPU, "gloo+cpu", 4, GB_MB, "time_ms_std", 1, ".0f"),
-    "cpu_1gb_ms_6": (CPU, "gloo+cpu", 6, GB_MB, "time_ms", 1, ".0f"),
-    "cpu_1gb_std_6": (CPU, "gloo+cpu", 6, GB_MB, "time_ms_std", 1, ".0f"),
-    "cpu_6x1gb_rss_gib": (CPU, "gloo+cpu", 6, GB_MB, "peak_rss_mb_max_rank", 1 / 1024, ".2f"),
+    "nccl_1gb_ms": (NCCL, GB_MB, "time_ms", 1, ".1f"), "nccl_1gb_busbw": (NCCL, GB_MB, "busbw_gbps", 1, ".0f"),
+    "nccl_4kb_us": (NCCL, PROBE_MB, "time_ms", 1e3, ".0f"), "nccl_4kb_std_us": (NCCL, PROBE_MB, "time_ms_std", 1e3, ".0f"),
+    "nccl_1mb_us": (NCCL, 1, "time_ms", 1e3, ".0f"), "nccl_1mb_std_us": (NCCL, 1, "time_ms_std", 1e3, ".0f"),
+    "nccl_1mb_busbw": (NCCL, 1, "busbw_gbps", 1, ".0f"), "nccl_10mb_busbw": (NCCL, 10, "busbw_gbps", 1, ".0f"),
+    "nccl_100mb_busbw": (NCCL, 100, "busbw_gbps", 1, ".0f"),
+    "gloo_cuda_1gb_ms": (GLOO_CUDA, GB_MB, "time_ms", 1, ".0f"), "gloo_cuda_1gb_busbw": (GLOO_CUDA, GB_MB, "busbw_gbps", 1, ".2f"),
+    "gloo_cpu_1gb_busbw": (GLOO_CPU, GB_MB, "busbw_gbps", 1, ".2f"),
+    "gloo_cuda_1mb_ms": (GLOO_CUDA, 1, "time_ms", 1, ".2f"), "gloo_cpu_1mb_ms": (GLOO_CPU, 1, "time_ms", 1, ".2f"),
+    "cpu_4kb_ms_2": (CPU2, PROBE_MB, "time_ms", 1, ".2f"), "cpu_4kb_ms_4": (CPU4, PROBE_MB, "time_ms", 1, ".1f"),
+    "cpu_4kb_ms_6": (CPU6, PROBE_MB, "time_ms", 1, ".1f"), "cpu_1mb_busbw_2": (CPU2, 1, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_busbw_2": (CPU2, GB_MB, "busbw_gbps", 1, ".2f"), "cpu_1gb_busbw_4": (CPU4, GB_MB, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_busbw_6": (CPU6, GB_MB, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_ms_4": (CPU4, GB_MB, "time_ms", 1, ".0f"), "cpu_1gb_std_4": (CPU4, GB_MB, "time_ms_std", 1, ".0f"),
+    "cpu_1gb_ms_6": (CPU6, GB_MB, "time_ms", 1, ".0f"), "cpu_1gb_std_6": (CPU6, GB_MB, "time_ms_std", 1, ".0f"),
+    "cpu_6x1gb_rss_gib": (CPU6, GB_MB, "peak_rss_mb_max_rank", 1 / 1024, ".2f"),
 }
-
-
-
-def _t(device: str, kind: str, n: int, mb: float, column: str = "time_ms") -> float:
-    return float(cell(device, kind, n, mb)[column])
-
-
-def cpu_1mb_to_1gb_growth() -> float:
-    return _t(CPU, "gloo+cpu", 2, GB_MB) / _t(CPU, "gloo+cpu", 2, 1)
+cpu_1mb_to_1gb_growth = lambda: _t(*CPU2, GB_MB) / _t(*CPU2, 1)
 
 
 def _cpu_six_ahead_of_four_by_scheduling() -> bool:
     """6 ranks ahead of 4 at 1 GB, by a little more than the standard deviations added (under twice)."""
     bw = {n: _t(CPU, "gloo+cpu", n, GB_MB, "busbw_gbps") for n in (2, 4, 6)}
-    gap = _t(CPU, "gloo+cpu", 4, GB_MB) - _t(CPU, "gloo+cpu", 6, GB_MB)
-    stds = _t(CPU, "gloo+cpu", 4, GB_MB, "time_ms_std") + _t(CPU, "gloo+cpu", 6, GB_MB, "time_ms_std")
+    gap = _t(*CPU4, GB_MB) - _t(*CPU6, GB_MB)
+    stds = _t(*CPU4, GB_MB, "time_ms_std") + _t(*CPU6, GB_MB, "time_ms_std")
     return bw[2] > max(bw[4], bw[6]) and bw[6] > bw[4] and stds < gap < 2 * stds
 
 
 register("collectives", facts={
-    **{name: (lambda d=d, k=k, n=n, mb=mb, c=c, x=x, f=f: format(_t(d, k, n, mb, c) * x, f))
-       for name, (d, k, n, mb, c, x, f) in _CELLS.items()},
-    "nccl_1gb_nvlink_share": lambda: f"{_t(GPU, 'nccl+cuda', 2, GB_MB, 'busbw_gbps') / NVLINK_GBPS_PER_DIRECTION:.0%}",
-    "nccl_vs_gloo_1gb": lambda: f"{_t(GPU, 'gloo+cuda', 2, GB_MB) / _t(GPU, 'nccl+cuda', 2, GB_MB):.0f}",
-    "cpu_6x1gb_all_ranks_gib": lambda: f"{6 * _t(CPU, 'gloo+cpu', 6, GB_MB, 'peak_rss_mb_max_rank') / 1024:.1f}",
+    **{name: (lambda c=c, mb=mb, col=col, x=x, f=f: format(_t(*c, mb, col) * x, f)) for name, (c, mb, col, x, f) in _CELLS.items()},
+    "nccl_1gb_nvlink_share": lambda: f"{_t(*NCCL, GB_MB, 'busbw_gbps') / NVLINK_GBPS_PER_DIRECTION:.0%}",
+    "nccl_vs_gloo_1gb": lambda: f"{_t(*GLOO_CUDA, GB_MB) / _t(*NCCL, GB_MB):.0f}",
+    "cpu_6x1gb_all_ranks_gib": lambda: f"{6 * _t(*CPU6, GB_MB, 'peak_rss_mb_max_rank') / 1024:.1f}",
     "cpu_1mb_to_1gb_growth": lambda: f"{cpu_1mb_to_1gb_growth():.0f}",
     "nccl_knee_mb": lambda: f"{knee_mb(GPU, 'nccl+cuda'):.0f}",
     "gloo_cuda_knee_mb": lambda: f"{knee_mb(GPU, 'gloo+cuda'):.1f}",
     "cpu_knee_mb": lambda: f"{knee_mb(CPU, 'gloo+cpu'):.2f}",
-    "cpu_o_ms": lambda: f"{fit(CPU, 'gloo+cpu', 2)[0] * 1e3:.2f}",
-    "cpu_w_gbps": lambda: f"{fit(CPU, 'gloo+cpu', 2)[1] / 1e9:.2f}",
-    "nccl_o_smaller": lambda: f"{fit(GPU, 'gloo+cuda', 2)[0] / fit(GPU, 'nccl+cuda', 2)[0]:.0f}",
-    "nccl_w_larger": lambda: f"{fit(GPU, 'nccl+cuda', 2)[1] / fit(GPU, 'gloo+cuda', 2)[1]:.0f}",
+    "cpu_o_ms": lambda: f"{fit(*CPU2)[0] * 1e3:.2f}",
+    "cpu_w_gbps": lambda: f"{fit(*CPU2)[1] / 1e9:.2f}",
+    "nccl_o_smaller": lambda: f"{fit(*GLOO_CUDA)[0] / fit(*NCCL)[0]:.0f}",
+    "nccl_w_larger": lambda: f"{fit(*NCCL)[1] / fit(*GLOO_CUDA)[1]:.0f}",
 }, tables={
     "gpu": lambda: all_reduce_table(GPU), "gpu_fits": lambda: fits_table(GPU),
     "cpu": lambda: all_reduce_table(CPU), "cpu_fits": lambda: fits_table(CPU),
 }, figures={"gpu": lambda: all_reduce_figure(GPU), "cpu": lambda: all_reduce_figure(CPU)}, claims={
-    "gloo_is_slower_through_the_host": lambda: _t(GPU, "gloo+cuda", 2, GB_MB) > 10 * _t(GPU, "nccl+cuda", 2, GB_MB),
+    "gloo_is_slower_through_the_host": lambda: _t(*GLOO_CUDA, GB_MB) > 10 * _t(*NCCL, GB_MB),
     # far: ten times or more
     "nccl_knee_far_right_of_gloos": lambda: knee_mb(GPU, "nccl+cuda") > 10 * knee_mb(GPU, "gloo+cuda")
-    and fit(GPU, "nccl+cuda", 2)[0] < fit(GPU, "gloo+cuda", 2)[0] and fit(GPU, "nccl+cuda", 2)[1] > fit(GPU, "gloo+cuda", 2)[1],
-    "more_ranks_hurt_small_messages": lambda: _t(CPU, "gloo+cpu", 2, PROBE_MB) < _t(CPU, "gloo+cpu", 4, PROBE_MB) < _t(CPU, "gloo+cpu", 6, PROBE_MB),
-    "nccl_small_calls_cost_their_fixed_cost": lambda: abs(_t(GPU, "nccl+cuda", 2, 1) - _t(GPU, "nccl+cuda", 2, PROBE_MB))
-    < _t(GPU, "nccl+cuda", 2, 1, "time_ms_std") + _t(GPU, "nccl+cuda", 2, PROBE_MB, "time_ms_std"),
-    "nccl_bandwidth_climbs_to_100_mb": lambda: (lambda bw: bw == sorted(bw))(
-        [_t(GPU, "nccl+cuda", 2, mb, "busbw_gbps") for mb in (1, 10, 100, GB_MB)]),
+    and fit(*NCCL)[0] < fit(*GLOO_CUDA)[0] and fit(*NCCL)[1] > fit(*GLOO_CUDA)[1],
+    "more_ranks_hurt_small_messages": lambda: _t(*CPU2, PROBE_MB) < _t(*CPU4, PROBE_MB) < _t(*CPU6, PROBE_MB),
+    "nccl_small_calls_cost_their_fixed_cost": lambda: abs(_t(*NCCL, 1) - _t(*NCCL, PROBE_MB))
+    < _t(*NCCL, 1, "time_ms_std") + _t(*NCCL, PROBE_MB, "time_ms_std"),
+    "nccl_bandwidth_climbs_to_100_mb": lambda: (lambda bw: bw == sorted(bw))([_t(*NCCL, mb, "busbw_gbps") for mb in (1, 10, 100, GB_MB)]),
     # the same: within 10%
-    "gloo_cuda_like_cpu_at_1_gb": lambda: abs(_t(GPU, "gloo+cuda", 2, GB_MB) / _t(GPU, "gloo+cpu", 2, GB_MB) - 1) < 0.1,
-    "gloo_cuda_copies_show_at_1_mb": lambda: _t(GPU, "gloo+cuda", 2, 1) > _t(GPU, "gloo+cpu", 2, 1),
-    "six_rank_1_gb_cell_ran": lambda: _t(CPU, "gloo+cpu", 6, GB_MB) > 0,  # cell() raises unless the row is ok
-    "cpu_knee_below_1_mb": lambda: knee_mb(CPU, "gloo+cpu") < 1
-    and _t(CPU, "gloo+cpu", 2, 1, "busbw_gbps") < _t(CPU, "gloo+cpu", 2, GB_MB, "busbw_gbps"),
+    "gloo_cuda_like_cpu_at_1_gb": lambda: abs(_t(*GLOO_CUDA, GB_MB) / _t(*GLOO_CPU, GB_MB) - 1) < 0.1,
+    "gloo_cuda_copies_show_at_1_mb": lambda: _t(*GLOO_CUDA, 1) > _t(*GLOO_CPU, 1),
+    "six_rank_1_gb_cell_ran": lambda: _t(*CPU6, GB_MB) > 0,  # cell() raises unless the row is ok
+    "cpu_knee_below_1_mb": lambda: knee_mb(CPU, "gloo+cpu") < 1 and _t(*CPU2, 1, "busbw_gbps") < _t(*CPU2, GB_MB, "busbw_gbps"),
     "cpu_growth_less_than_linear": lambda: cpu_1mb_to_1gb_growth() < 1024,
     "cpu_six_ahead_of_four_by_scheduling": _cpu_six_ahead_of_four_by_scheduling,
     "only_two_gpus_measured": lambda: set(all_reduce_rows(GPU).query("status == 'ok'")["world_size"]) == {2},
