@@ -50,6 +50,7 @@ SETTING = answers.leaderboard_setting()  # datasheet NVLink: the setting every a
 # -- one table per problem: its parts' values at N = N_NODE ------------------------------------
 
 _ms = lambda seconds: f"{seconds * 1e3:.3f} ms"
+_alt = lambda N, key: answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)[key]["value"]
 
 
 def setting_table() -> str:
@@ -61,12 +62,8 @@ def setting_table() -> str:
 
 
 def alternate_table(Ns=(2, 4, 8, 16)) -> str:
-    rows = []
-    for N in Ns:
-        a = answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)
-        rows.append({"N": N, "alternate ring": _ms(a["time"]["value"]),
-                     "ring all-reduce": _ms(a["ring_all_reduce"]["value"]),
-                     "ratio (N / 2)": a["slowdown"]["value"]})
+    rows = [{"N": N, "alternate ring": _ms(_alt(N, "time")), "ring all-reduce": _ms(_alt(N, "ring_all_reduce")),
+             "ratio (N / 2)": _alt(N, "slowdown")} for N in Ns]
     return markdown_table(pd.DataFrame(rows))
 
 
@@ -139,29 +136,24 @@ def tp_prediction_table(tokens=(4096, 16384, 65536), N: int = 2) -> str:
 
 def bounds() -> pd.DataFrame:
     """Largest N before communication outlasts compute, one column per device setting."""
-    frames = [answers.communication_bound_devices(s).assign(setting=name) for name, s in settings().items()]
-    df = pd.concat(frames)
-    df["row"] = df["strategy"] + ", " + df["pass"]
-    return df.pivot_table(index=["row", "formula"], columns="setting", values="max_devices",
-                          sort=False).reset_index()
+    df = pd.concat([answers.communication_bound_devices(s).assign(setting=name) for name, s in settings().items()])
+    return (df.assign(row=df["strategy"] + ", " + df["pass"])
+            .pivot_table(index=["row", "formula"], columns="setting", values="max_devices", sort=False).reset_index())
 
 
 def bounds_figure():
     """Horizontal bars, log scale: the largest N per strategy and pass, per device setting."""
-    df = bounds()
-    names = list(settings())
+    df, names = bounds(), [DATASHEET, MEASURED, INFINIBAND]
     fig, ax = new_figure(7.5, 4.8)
-    y = np.arange(len(df))
-    h = 0.8 / len(names)
+    y, h = np.arange(len(df)), 0.8 / len(names)
     for i, name in enumerate(names):
         bars = ax.barh(y + (i - (len(names) - 1) / 2) * h, df[name], height=h, label=name)
         ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)
     ax.axvline(N_NODE, color="grey", linestyle=":", linewidth=1, label="one HGX node: 8 GPUs")
     ax.set_yticks(y, df["row"])
     ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlim(1, df[names].to_numpy().max() * 3)
-    ax.set_xlabel("largest device count N before communication outlasts compute (log scale)")
+    ax.set(xscale="log", xlim=(1, df[names].to_numpy().max() * 3),
+           xlabel="largest device count N before communication outlasts compute (log scale)")
     ax.set_title("The leaderboard model's FFN: B = 65,536 tokens, D = 4,096, D_FF = 11,008", fontsize=10)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return fig
@@ -169,8 +161,7 @@ def bounds_figure():
 
 def ratio_figure():
     """Communication over compute time against N on datasheet NVLink: above 1, communication-bound."""
-    df = answers.time_curves(SETTING)
-    df = df[df["N"] > 1]  # one device communicates nothing
+    df = answers.time_curves(SETTING).query("N > 1")  # one device communicates nothing
     fig, ax = new_figure(7.0, 3.6)
     for (strategy, pass_), g in df.groupby(["strategy", "pass"], sort=False):
         label = {"DP": "DP, backward (the same as FSDP)", "FSDP+TP": "FSDP+TP, forward, best split"}.get(
@@ -180,10 +171,8 @@ def ratio_figure():
     ax.axhline(1, color="grey", linestyle=":", linewidth=1)
     ax.text(df["N"].min(), 1.1, "communication-bound above", color="grey", fontsize=8)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set(yscale="log", xlabel="devices N", ylabel="communication / compute time")
     ax.set_xticks(sorted(df["N"].unique()), [str(n) for n in sorted(df["N"].unique())])
-    ax.set_xlabel("devices N")
-    ax.set_ylabel("communication / compute time")
     ax.legend(fontsize=8)
     return fig
 
@@ -193,7 +182,6 @@ def ratio_figure():
 # the largest N before communication outlasts compute, for one strategy and pass on one device
 bound = lambda strategy, pass_, setting=DATASHEET: float(bounds().set_index("row").loc[f"{strategy}, {pass_}", setting])
 c_over_w = lambda setting: settings()[setting].C / settings()[setting].W
-_alt = lambda N, key: answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)[key]["value"]
 _pass = lambda strategy, pass_, which: _compute_and_comm(strategy, pass_, N_NODE)[which]  # which: 0 compute, 1 comm
 
 

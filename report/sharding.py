@@ -37,32 +37,13 @@ def _newest(bench: str, device: str, key: list[str]) -> pd.DataFrame:
     return newest(load_results(bench, device, status="ok"), key).set_index(key)
 
 
-def memory(device: str = CPU) -> pd.DataFrame:
-    return _newest(MEMORY_BENCH, device, ["method", "point"])
-
-
-def times(device: str = CPU) -> pd.DataFrame:
-    return _newest(TIME_BENCH, device, ["method"])
-
-
-def collectives(device: str = CPU) -> pd.DataFrame:
-    return _newest(COMM_BENCH, device, ["op"])
-
-
-def _mem(device: str, method: str, point: str, column: str) -> float:
-    return float(memory(device).loc[(method, point), column])
-
-
-def _time(device: str, method: str, column: str = "step_ms") -> float:
-    return float(times(device).loc[method, column])
-
-
-def measured_step_ms(method: str, device: str = CPU) -> float:
-    return _time(device, method)
-
-
-def measured_collective_ms(op: str, device: str = CPU) -> float:
-    return float(collectives(device).loc[op, "ms"])
+memory = lambda device=CPU: _newest(MEMORY_BENCH, device, ["method", "point"])
+times = lambda device=CPU: _newest(TIME_BENCH, device, ["method"])
+collectives = lambda device=CPU: _newest(COMM_BENCH, device, ["op"])
+_mem = lambda device, method, point, column: float(memory(device).loc[(method, point), column])
+_time = lambda device, method, column="step_ms": float(times(device).loc[method, column])
+measured_step_ms = lambda method, device=CPU: _time(device, method)
+measured_collective_ms = lambda op, device=CPU: float(collectives(device).loc[op, "ms"])
 
 
 def _order(df: pd.DataFrame, column: str, order: list[str]) -> pd.DataFrame:
@@ -71,9 +52,8 @@ def _order(df: pd.DataFrame, column: str, order: list[str]) -> pd.DataFrame:
     return df.assign(_o=rank).sort_values("_o", kind="stable").drop(columns="_o")
 
 
-def _gib_columns(kinds: dict[str, float], total: str) -> dict[str, float]:
-    """Bytes by kind (params, grads, optimizer_state, activations, total) as a table's GiB columns."""
-    return {f"{total if k == 'total' else k.replace('_', ' ')} (GiB)": v / GiB for k, v in kinds.items()}
+# bytes by kind (params, grads, optimizer_state, activations, total) as a table's GiB columns
+_gib_columns = lambda kinds, total: {f"{total if k == 'total' else k.replace('_', ' ')} (GiB)": v / GiB for k, v in kinds.items()}
 
 
 def measured_memory_table(device: str = CPU) -> str:
@@ -114,9 +94,8 @@ def predicted_memory(device: str) -> acc.MemoryBreakdown:
                                   int(r["world_size"]), "ddp", context=int(r["context"]))
 
 
-def computed_memory(stage: str) -> acc.MemoryBreakdown:
-    """The formulas for the 2025 xl at the GPU run's setting: 2 ranks, 2 sequences of 512 each."""
-    return acc.transformer_memory(get_config("xl", 512), 2, 2, stage, context=512)
+# the formulas for the 2025 xl at the GPU run's setting: 2 ranks, 2 sequences of 512 each
+computed_memory = lambda stage: acc.transformer_memory(get_config("xl", 512), 2, 2, stage, context=512)
 
 
 def computed_memory_table() -> str:
@@ -126,10 +105,9 @@ def computed_memory_table() -> str:
     return markdown_table(pd.DataFrame(rows), floatfmt=".2f")
 
 
-def points_2026() -> dict[str, dict[str, dict[str, float]]]:
-    """optimizer_state_sharding_accounting (a) for the 2026 xl (our 2.7B), the course's setting:
-    bytes per rank by kind at the three points, DDP + AdamW and the course's sharded optimizer."""
-    return {stage: pa.memory_at_points(pa.XL_2026, stage) for stage in ("ddp", "sharded")}
+# optimizer_state_sharding_accounting (a) for the 2026 xl (our 2.7B), the course's setting: bytes
+# per rank by kind at the three points, DDP + AdamW and the course's sharded optimizer
+points_2026 = lambda: {stage: pa.memory_at_points(pa.XL_2026, stage) for stage in ("ddp", "sharded")}
 
 
 def points_2026_table() -> str:
@@ -156,14 +134,14 @@ def communication_table() -> str:
 
 # -- the quantities the chapter's sentences quote -----------------------------------------------
 
-def state_ratio(device: str, method: str) -> float:
-    """Optimizer-state bytes after the step, `method` over DDP + AdamW."""
-    return _mem(device, method, "after_step", "state_bytes") / _mem(device, "ddp", "after_step", "state_bytes")
-
-
-def peak_saved(device: str, method: str) -> float:
-    """How much lower `method`'s allocator peak of the optimizer step is than DDP + AdamW's (bytes)."""
-    return _mem(device, "ddp", "after_step", "peak_bytes") - _mem(device, method, "after_step", "peak_bytes")
+# method `m` against DDP + AdamW: its optimizer state after the step (a ratio), how much lower its
+# allocator peak of the optimizer step is (bytes), its step (a signed change), how much longer its
+# optimizer step is (ms); and its step less its optimizer step (ms)
+state_ratio = lambda device, m: _mem(device, m, "after_step", "state_bytes") / _mem(device, "ddp", "after_step", "state_bytes")
+peak_saved = lambda device, m: _mem(device, "ddp", "after_step", "peak_bytes") - _mem(device, m, "after_step", "peak_bytes")
+rel_step = lambda device, m: _time(device, m) / _time(device, "ddp") - 1
+optimizer_step_extra_ms = lambda device, m: _time(device, m, "optimizer_step_ms") - _time(device, "ddp", "optimizer_step_ms")
+forward_backward_ms = lambda device, m: _time(device, m) - _time(device, m, "optimizer_step_ms")
 
 
 def predicted_within(device: str = GPU) -> float:
@@ -171,19 +149,6 @@ def predicted_within(device: str = GPU) -> float:
     pred = predicted_memory(device)
     return max(abs(_mem(device, "ddp", "after_step", "state_bytes") - pred.optimizer_state),
                abs(_mem(device, "ddp", "before_step", "activations_bytes") - pred.activations))
-
-
-def rel_step(device: str, method: str) -> float:
-    return _time(device, method) / _time(device, "ddp") - 1
-
-
-def forward_backward_ms(device: str, method: str) -> float:
-    return _time(device, method) - _time(device, method, "optimizer_step_ms")
-
-
-def optimizer_step_extra_ms(device: str, method: str) -> float:
-    """How much longer `method`'s optimizer step is than DDP + AdamW's."""
-    return _time(device, method, "optimizer_step_ms") - _time(device, "ddp", "optimizer_step_ms")
 
 
 def rs_ag_over_ar(device: str) -> float:
@@ -237,6 +202,7 @@ def _forward_backward_alike_but_zero1() -> bool:
             and times(GPU)["optimizer_step_ms"].idxmax() == "zero1")
 
 
+_gib = lambda x: f"{x / GiB:.2f}"
 # name: (method, point, column) -> GiB per rank on the GPU, two decimals
 _MEMORY_GIB = {
     "gpu_params_gib": ("ddp", "after_init", "params_bytes"), "gpu_grads_gib": ("ddp", "before_step", "grads_bytes"),
@@ -248,10 +214,6 @@ _POINTS_2026_GIB = {
     "xl2026_state_ddp_gib": ("ddp", "after_step", "optimizer_state"),
     "xl2026_state_sharded_gib": ("sharded", "after_step", "optimizer_state"),
     "xl2026_after_ddp_gib": ("ddp", "after_step", "total"), "xl2026_after_sharded_gib": ("sharded", "after_step", "total")}
-
-
-def _gib(x: float) -> str:
-    return f"{x / GiB:.2f}"
 
 
 register("sharding", facts={
