@@ -84,12 +84,9 @@ def steps(device: str = CPU) -> pd.DataFrame:
     df = runs(device)
     g = df.assign(_k=[_key(r, STEPS_KEY) for r in df.to_dict("records")]).groupby("_k", sort=False)
     out = g.tail(1).set_index("_k")  # the latest run's row (df is in time order)
-    for col in MEDIAN_OVER_RUNS:
-        out[col] = g[col].median()
-    out["runs"] = g["run"].nunique()
-    out["step_ms_lo"], out["step_ms_hi"] = g["step_ms"].min(), g["step_ms"].max()
-    out["step_ms_runs"] = g["step_ms"].agg(tuple)
-    out["step_ms_std"] = g["step_ms_std"].max()
+    out[MEDIAN_OVER_RUNS] = g[MEDIAN_OVER_RUNS].median()
+    out = out.assign(runs=g["run"].nunique(), step_ms_lo=g["step_ms"].min(), step_ms_hi=g["step_ms"].max(),
+                     step_ms_runs=g["step_ms"].agg(tuple), step_ms_std=g["step_ms_std"].max())
     return _in_stage_order(out.reset_index(drop=True), ["size", "world_size"])
 
 
