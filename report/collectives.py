@@ -7,13 +7,15 @@ file holds gloo on CPU tensors and on CUDA tensors, so the backend alone does no
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from cs336_systems.distributed.bucket_model import fit_latency_bandwidth
 from cs336_systems.distributed.collectives_bench import BENCH, KEY
 from report.figures import plt
 from report.registry import register
-from report.results import CPU, GPU, load_results, markdown_table, newest, provenance_line, source
+from report.results import CPU, GPU, load_results, markdown_table, newest, source, with_source
 
 PROBE_MB, GB_MB = 4 / 1024, 1024  # the 4 KB latency probe and the 1 GB cell, in MiB
 # NVLink on an H200 SXM: 900 GB/s in both directions together, so 450 GB/s each way
@@ -23,18 +25,20 @@ NVLINK_GBPS_PER_DIRECTION = 450.0
 
 def all_reduce_rows(device: str = CPU) -> pd.DataFrame:
     """The newest row of each cell (a re-measured cell replaces the old one), with `kind`."""
-    df = load_results(BENCH, device)
-    if df.empty:
-        return df
-    df = newest(df, KEY).reset_index(drop=True)
+    df = newest(load_results(BENCH, device), KEY).reset_index(drop=True)
     return df.assign(kind=df["backend"] + "+" + df["device_type"])
+
+
+def ok_rows(device: str, kind: str, ranks: int) -> pd.DataFrame:
+    """The cells of one kind at one rank count that ran."""
+    df = all_reduce_rows(device)
+    return df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)]
 
 
 def cell(device: str, kind: str, ranks: int, size_mb: float) -> pd.Series:
     """One measured cell; KeyError naming it if it was not measured (or did not run)."""
-    df = all_reduce_rows(device)
-    hit = df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)
-             & (df["size_mb"] == size_mb)]
+    df = ok_rows(device, kind, ranks)
+    hit = df[df["size_mb"] == size_mb]
     if hit.empty:
         raise KeyError(f"no ok all-reduce row for {kind}, {ranks} ranks, {size_mb} MB in {source(BENCH, device)}")
     return hit.iloc[-1]
@@ -60,24 +64,20 @@ def all_reduce_table(device: str = CPU) -> str:
     df = all_reduce_rows(device).sort_values(["kind", "world_size", "size_bytes"])
     shown = pd.DataFrame({
         "backend": df["kind"].map(kind_label), "ranks": df["world_size"], "size": df["size_mb"].map(human_size),
-        "time (ms)": [r["time_ms"] if r["status"] == "ok" else r["status"].upper()
-                      for r in df.to_dict("records")],
-        "± std": df["time_ms_std"], "algbw (GB/s)": df["algbw_gbps"],
-        "busbw (GB/s)": df["busbw_gbps"], "ranks per core": df["ranks_per_core"],
-        "load avg": df["loadavg_1m"],
+        "time (ms)": [r["time_ms"] if r["status"] == "ok" else r["status"].upper() for r in df.to_dict("records")],
+        "± std": df["time_ms_std"], "algbw (GB/s)": df["algbw_gbps"], "busbw (GB/s)": df["busbw_gbps"],
+        "ranks per core": df["ranks_per_core"], "load avg": df["loadavg_1m"],
     })
-    return (markdown_table(shown, floatfmt=".3g", formats={"time (ms)": ".4g"}) + "\n\n"
-            + provenance_line(df, source(BENCH, device)))
+    return with_source(shown, BENCH, df, device=device, formats={"time (ms)": ".4g"})
 
 
 def all_reduce_figure(device: str = CPU):
-    """All-reduce time and bus bandwidth against size, one line per (backend, world size)."""
+    """All-reduce time and bus bandwidth against size, one line per (kind, world size)."""
     ok = all_reduce_rows(device).query("status == 'ok'").sort_values("size_bytes")
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for (backend, device_type, world), g in ok.groupby(["backend", "device_type", "world_size"]):
-        label = f"{backend}+{device_type.upper()}, {world} ranks"
-        ax_t.plot(g["size_bytes"] / 2**20, g["time_ms"], marker="o", label=label)
-        ax_b.plot(g["size_bytes"] / 2**20, g["busbw_gbps"], marker="o", label=label)
+    for (kind, world), g in ok.groupby(["kind", "world_size"]):
+        for ax, column in ((ax_t, "time_ms"), (ax_b, "busbw_gbps")):
+            ax.plot(g["size_bytes"] / 2**20, g[column], marker="o", label=f"{kind_label(kind)}, {world} ranks")
     ax_t.set(xscale="log", yscale="log", xlabel="tensor size (MB)", ylabel="all-reduce time (ms)",
              title="time (median of the slowest rank)")
     ax_b.set(xscale="log", xlabel="tensor size (MB)", ylabel="bus bandwidth (GB/s)",
@@ -89,31 +89,29 @@ def all_reduce_figure(device: str = CPU):
     return fig
 
 
+_fit = lambda rows: fit_latency_bandwidth(rows["size_bytes"].tolist(), (rows["time_ms"] / 1e3).tolist())
+
+
 def fit(device: str, kind: str, ranks: int) -> tuple[float, float]:
-    """(o seconds, w bytes/s) of t = o + bytes/w, fitted to one kind's cells at one rank count.
-    ValueError naming what is missing if that row was not measured."""
-    df = all_reduce_rows(device)
-    df = df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)]
-    if df.empty:
-        raise ValueError(f"no all-reduce rows for {kind} on {ranks} ranks in {source(BENCH, device)}: "
-                         "cannot fit o and w")
-    return fit_latency_bandwidth(df["size_bytes"].tolist(), (df["time_ms"] / 1e3).tolist())
+    """(o seconds, w bytes/s) of t = o + bytes/w, fitted to one kind's cells at one rank count."""
+    rows = ok_rows(device, kind, ranks)
+    if rows.empty:
+        raise ValueError(f"no all-reduce rows for {kind} on {ranks} ranks in {source(BENCH, device)}: cannot fit o and w")
+    return _fit(rows)
 
 
 def fits(device: str = CPU) -> pd.DataFrame:
     """o, w and the knee o·w, one fit per (kind, ranks). A row that cannot be fitted (fewer than
     two sizes, or times that do not grow with size) keeps NaN and the reason in `note`."""
-    df = all_reduce_rows(device)
     rows = []
-    for (kind, n), g in df[df["status"] == "ok"].groupby(["kind", "world_size"]):
-        row = {"kind": kind, "world_size": int(n), "sizes": int(g["size_bytes"].nunique()),
-               "o_s": float("nan"), "w_bytes_per_s": float("nan"), "knee_bytes": float("nan"), "note": ""}
+    for (kind, n), g in all_reduce_rows(device).query("status == 'ok'").groupby(["kind", "world_size"]):
         try:
-            o, w = fit_latency_bandwidth(g["size_bytes"].tolist(), (g["time_ms"] / 1e3).tolist())
-            row.update(o_s=o, w_bytes_per_s=w, knee_bytes=o * w)
+            (o, w), note = _fit(g), ""
         except ValueError as e:
-            row["note"] = str(e)
-        rows.append(row)
+            o = w = float("nan")
+            note = str(e)
+        rows.append({"kind": kind, "world_size": int(n), "sizes": int(g["size_bytes"].nunique()),
+                     "o_s": o, "w_bytes_per_s": w, "knee_bytes": o * w, "note": note})
     return pd.DataFrame(rows)
 
 
@@ -129,93 +127,71 @@ def fits_table(device: str = CPU) -> str:
     return markdown_table(shown, floatfmt=".3g")
 
 
-def knee_mb(device: str, kind: str, ranks: int = 2) -> float:
-    o, w = fit(device, kind, ranks)
-    return o * w / 2**20
-
-
-# name: (device, kind, ranks, size MB, column, scale, format)
+knee_mb = lambda device, kind, ranks=2: math.prod(fit(device, kind, ranks)) / 2**20
+_t = lambda device, kind, n, mb, column="time_ms": float(cell(device, kind, n, mb)[column])
+# the cells the page quotes: (device, kind, ranks) of the GPU host's three kinds, and the CPU's gloo
+NCCL, GLOO_CUDA, GLOO_CPU = (GPU, "nccl+cuda", 2), (GPU, "gloo+cuda", 2), (GPU, "gloo+cpu", 2)
+CPU2, CPU4, CPU6 = ((CPU, "gloo+cpu", n) for n in (2, 4, 6))
+# name: ((device, kind, ranks), size MB, column, scale, format)
 _CELLS = {
-    "nccl_1gb_ms": (GPU, "nccl+cuda", 2, GB_MB, "time_ms", 1, ".1f"),
-    "nccl_1gb_busbw": (GPU, "nccl+cuda", 2, GB_MB, "busbw_gbps", 1, ".0f"),
-    "nccl_4kb_us": (GPU, "nccl+cuda", 2, PROBE_MB, "time_ms", 1e3, ".0f"),
-    "nccl_4kb_std_us": (GPU, "nccl+cuda", 2, PROBE_MB, "time_ms_std", 1e3, ".0f"),
-    "nccl_1mb_us": (GPU, "nccl+cuda", 2, 1, "time_ms", 1e3, ".0f"),
-    "nccl_1mb_std_us": (GPU, "nccl+cuda", 2, 1, "time_ms_std", 1e3, ".0f"),
-    "nccl_1mb_busbw": (GPU, "nccl+cuda", 2, 1, "busbw_gbps", 1, ".0f"),
-    "nccl_10mb_busbw": (GPU, "nccl+cuda", 2, 10, "busbw_gbps", 1, ".0f"),
-    "nccl_100mb_busbw": (GPU, "nccl+cuda", 2, 100, "busbw_gbps", 1, ".0f"),
-    "gloo_cuda_1gb_ms": (GPU, "gloo+cuda", 2, GB_MB, "time_ms", 1, ".0f"),
-    "gloo_cuda_1gb_busbw": (GPU, "gloo+cuda", 2, GB_MB, "busbw_gbps", 1, ".2f"),
-    "gloo_cpu_1gb_busbw": (GPU, "gloo+cpu", 2, GB_MB, "busbw_gbps", 1, ".2f"),
-    "gloo_cuda_1mb_ms": (GPU, "gloo+cuda", 2, 1, "time_ms", 1, ".2f"),
-    "gloo_cpu_1mb_ms": (GPU, "gloo+cpu", 2, 1, "time_ms", 1, ".2f"),
-    "cpu_4kb_ms_2": (CPU, "gloo+cpu", 2, PROBE_MB, "time_ms", 1, ".2f"),
-    "cpu_4kb_ms_4": (CPU, "gloo+cpu", 4, PROBE_MB, "time_ms", 1, ".1f"),
-    "cpu_4kb_ms_6": (CPU, "gloo+cpu", 6, PROBE_MB, "time_ms", 1, ".1f"),
-    "cpu_1mb_busbw_2": (CPU, "gloo+cpu", 2, 1, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_2": (CPU, "gloo+cpu", 2, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_4": (CPU, "gloo+cpu", 4, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_6": (CPU, "gloo+cpu", 6, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_ms_4": (CPU, "gloo+cpu", 4, GB_MB, "time_ms", 1, ".0f"),
-    "cpu_1gb_std_4": (CPU, "gloo+cpu", 4, GB_MB, "time_ms_std", 1, ".0f"),
-    "cpu_1gb_ms_6": (CPU, "gloo+cpu", 6, GB_MB, "time_ms", 1, ".0f"),
-    "cpu_1gb_std_6": (CPU, "gloo+cpu", 6, GB_MB, "time_ms_std", 1, ".0f"),
-    "cpu_6x1gb_rss_gib": (CPU, "gloo+cpu", 6, GB_MB, "peak_rss_mb_max_rank", 1 / 1024, ".2f"),
+    "nccl_1gb_ms": (NCCL, GB_MB, "time_ms", 1, ".1f"), "nccl_1gb_busbw": (NCCL, GB_MB, "busbw_gbps", 1, ".0f"),
+    "nccl_4kb_us": (NCCL, PROBE_MB, "time_ms", 1e3, ".0f"), "nccl_4kb_std_us": (NCCL, PROBE_MB, "time_ms_std", 1e3, ".0f"),
+    "nccl_1mb_us": (NCCL, 1, "time_ms", 1e3, ".0f"), "nccl_1mb_std_us": (NCCL, 1, "time_ms_std", 1e3, ".0f"),
+    "nccl_1mb_busbw": (NCCL, 1, "busbw_gbps", 1, ".0f"), "nccl_10mb_busbw": (NCCL, 10, "busbw_gbps", 1, ".0f"),
+    "nccl_100mb_busbw": (NCCL, 100, "busbw_gbps", 1, ".0f"),
+    "gloo_cuda_1gb_ms": (GLOO_CUDA, GB_MB, "time_ms", 1, ".0f"), "gloo_cuda_1gb_busbw": (GLOO_CUDA, GB_MB, "busbw_gbps", 1, ".2f"),
+    "gloo_cpu_1gb_busbw": (GLOO_CPU, GB_MB, "busbw_gbps", 1, ".2f"),
+    "gloo_cuda_1mb_ms": (GLOO_CUDA, 1, "time_ms", 1, ".2f"), "gloo_cpu_1mb_ms": (GLOO_CPU, 1, "time_ms", 1, ".2f"),
+    "cpu_4kb_ms_2": (CPU2, PROBE_MB, "time_ms", 1, ".2f"), "cpu_4kb_ms_4": (CPU4, PROBE_MB, "time_ms", 1, ".1f"),
+    "cpu_4kb_ms_6": (CPU6, PROBE_MB, "time_ms", 1, ".1f"), "cpu_1mb_busbw_2": (CPU2, 1, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_busbw_2": (CPU2, GB_MB, "busbw_gbps", 1, ".2f"), "cpu_1gb_busbw_4": (CPU4, GB_MB, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_busbw_6": (CPU6, GB_MB, "busbw_gbps", 1, ".2f"),
+    "cpu_1gb_ms_4": (CPU4, GB_MB, "time_ms", 1, ".0f"), "cpu_1gb_std_4": (CPU4, GB_MB, "time_ms_std", 1, ".0f"),
+    "cpu_1gb_ms_6": (CPU6, GB_MB, "time_ms", 1, ".0f"), "cpu_1gb_std_6": (CPU6, GB_MB, "time_ms_std", 1, ".0f"),
+    "cpu_6x1gb_rss_gib": (CPU6, GB_MB, "peak_rss_mb_max_rank", 1 / 1024, ".2f"),
 }
-
-
-def time_ratio(device: str, slow: tuple[str, int, float], fast: tuple[str, int, float]) -> float:
-    """time of one cell over another's, each given as (kind, ranks, size MB)."""
-    return float(cell(device, *slow)["time_ms"] / cell(device, *fast)["time_ms"])
-
-
-def _t(device: str, kind: str, n: int, mb: float, column: str = "time_ms") -> float:
-    return float(cell(device, kind, n, mb)[column])
+cpu_1mb_to_1gb_growth = lambda: _t(*CPU2, GB_MB) / _t(*CPU2, 1)
 
 
 def _cpu_six_ahead_of_four_by_scheduling() -> bool:
     """6 ranks ahead of 4 at 1 GB, by a little more than the standard deviations added (under twice)."""
     bw = {n: _t(CPU, "gloo+cpu", n, GB_MB, "busbw_gbps") for n in (2, 4, 6)}
-    gap = _t(CPU, "gloo+cpu", 4, GB_MB) - _t(CPU, "gloo+cpu", 6, GB_MB)
-    stds = _t(CPU, "gloo+cpu", 4, GB_MB, "time_ms_std") + _t(CPU, "gloo+cpu", 6, GB_MB, "time_ms_std")
+    gap = _t(*CPU4, GB_MB) - _t(*CPU6, GB_MB)
+    stds = _t(*CPU4, GB_MB, "time_ms_std") + _t(*CPU6, GB_MB, "time_ms_std")
     return bw[2] > max(bw[4], bw[6]) and bw[6] > bw[4] and stds < gap < 2 * stds
 
 
 register("collectives", facts={
-    **{name: (lambda d=d, k=k, n=n, mb=mb, c=c, x=x, f=f: format(_t(d, k, n, mb, c) * x, f))
-       for name, (d, k, n, mb, c, x, f) in _CELLS.items()},
-    "nccl_1gb_nvlink_share": lambda: f"{_t(GPU, 'nccl+cuda', 2, GB_MB, 'busbw_gbps') / NVLINK_GBPS_PER_DIRECTION:.0%}",
-    "nccl_vs_gloo_1gb": lambda: f"{time_ratio(GPU, ('gloo+cuda', 2, GB_MB), ('nccl+cuda', 2, GB_MB)):.0f}",
-    "cpu_6x1gb_all_ranks_gib": lambda: f"{6 * _t(CPU, 'gloo+cpu', 6, GB_MB, 'peak_rss_mb_max_rank') / 1024:.1f}",
-    "cpu_1mb_to_1gb_growth": lambda: f"{time_ratio(CPU, ('gloo+cpu', 2, GB_MB), ('gloo+cpu', 2, 1)):.0f}",
+    **{name: (lambda c=c, mb=mb, col=col, x=x, f=f: format(_t(*c, mb, col) * x, f)) for name, (c, mb, col, x, f) in _CELLS.items()},
+    "nccl_1gb_nvlink_share": lambda: f"{_t(*NCCL, GB_MB, 'busbw_gbps') / NVLINK_GBPS_PER_DIRECTION:.0%}",
+    "nccl_vs_gloo_1gb": lambda: f"{_t(*GLOO_CUDA, GB_MB) / _t(*NCCL, GB_MB):.0f}",
+    "cpu_6x1gb_all_ranks_gib": lambda: f"{6 * _t(*CPU6, GB_MB, 'peak_rss_mb_max_rank') / 1024:.1f}",
+    "cpu_1mb_to_1gb_growth": lambda: f"{cpu_1mb_to_1gb_growth():.0f}",
     "nccl_knee_mb": lambda: f"{knee_mb(GPU, 'nccl+cuda'):.0f}",
     "gloo_cuda_knee_mb": lambda: f"{knee_mb(GPU, 'gloo+cuda'):.1f}",
     "cpu_knee_mb": lambda: f"{knee_mb(CPU, 'gloo+cpu'):.2f}",
-    "cpu_o_ms": lambda: f"{fit(CPU, 'gloo+cpu', 2)[0] * 1e3:.2f}",
-    "cpu_w_gbps": lambda: f"{fit(CPU, 'gloo+cpu', 2)[1] / 1e9:.2f}",
-    "nccl_o_smaller": lambda: f"{fit(GPU, 'gloo+cuda', 2)[0] / fit(GPU, 'nccl+cuda', 2)[0]:.0f}",
-    "nccl_w_larger": lambda: f"{fit(GPU, 'nccl+cuda', 2)[1] / fit(GPU, 'gloo+cuda', 2)[1]:.0f}",
+    "cpu_o_ms": lambda: f"{fit(*CPU2)[0] * 1e3:.2f}",
+    "cpu_w_gbps": lambda: f"{fit(*CPU2)[1] / 1e9:.2f}",
+    "nccl_o_smaller": lambda: f"{fit(*GLOO_CUDA)[0] / fit(*NCCL)[0]:.0f}",
+    "nccl_w_larger": lambda: f"{fit(*NCCL)[1] / fit(*GLOO_CUDA)[1]:.0f}",
 }, tables={
     "gpu": lambda: all_reduce_table(GPU), "gpu_fits": lambda: fits_table(GPU),
     "cpu": lambda: all_reduce_table(CPU), "cpu_fits": lambda: fits_table(CPU),
 }, figures={"gpu": lambda: all_reduce_figure(GPU), "cpu": lambda: all_reduce_figure(CPU)}, claims={
-    "gloo_is_slower_through_the_host": lambda: _t(GPU, "gloo+cuda", 2, GB_MB) > 10 * _t(GPU, "nccl+cuda", 2, GB_MB),
+    "gloo_is_slower_through_the_host": lambda: _t(*GLOO_CUDA, GB_MB) > 10 * _t(*NCCL, GB_MB),
     # far: ten times or more
     "nccl_knee_far_right_of_gloos": lambda: knee_mb(GPU, "nccl+cuda") > 10 * knee_mb(GPU, "gloo+cuda")
-    and fit(GPU, "nccl+cuda", 2)[0] < fit(GPU, "gloo+cuda", 2)[0] and fit(GPU, "nccl+cuda", 2)[1] > fit(GPU, "gloo+cuda", 2)[1],
-    "more_ranks_hurt_small_messages": lambda: _t(CPU, "gloo+cpu", 2, PROBE_MB) < _t(CPU, "gloo+cpu", 4, PROBE_MB) < _t(CPU, "gloo+cpu", 6, PROBE_MB),
-    "nccl_small_calls_cost_their_fixed_cost": lambda: abs(_t(GPU, "nccl+cuda", 2, 1) - _t(GPU, "nccl+cuda", 2, PROBE_MB))
-    < _t(GPU, "nccl+cuda", 2, 1, "time_ms_std") + _t(GPU, "nccl+cuda", 2, PROBE_MB, "time_ms_std"),
-    "nccl_bandwidth_climbs_to_100_mb": lambda: (lambda bw: bw == sorted(bw))(
-        [_t(GPU, "nccl+cuda", 2, mb, "busbw_gbps") for mb in (1, 10, 100, GB_MB)]),
+    and fit(*NCCL)[0] < fit(*GLOO_CUDA)[0] and fit(*NCCL)[1] > fit(*GLOO_CUDA)[1],
+    "more_ranks_hurt_small_messages": lambda: _t(*CPU2, PROBE_MB) < _t(*CPU4, PROBE_MB) < _t(*CPU6, PROBE_MB),
+    "nccl_small_calls_cost_their_fixed_cost": lambda: abs(_t(*NCCL, 1) - _t(*NCCL, PROBE_MB))
+    < _t(*NCCL, 1, "time_ms_std") + _t(*NCCL, PROBE_MB, "time_ms_std"),
+    "nccl_bandwidth_climbs_to_100_mb": lambda: (lambda bw: bw == sorted(bw))([_t(*NCCL, mb, "busbw_gbps") for mb in (1, 10, 100, GB_MB)]),
     # the same: within 10%
-    "gloo_cuda_like_cpu_at_1_gb": lambda: abs(_t(GPU, "gloo+cuda", 2, GB_MB) / _t(GPU, "gloo+cpu", 2, GB_MB) - 1) < 0.1,
-    "gloo_cuda_copies_show_at_1_mb": lambda: _t(GPU, "gloo+cuda", 2, 1) > _t(GPU, "gloo+cpu", 2, 1),
-    "six_rank_1_gb_cell_ran": lambda: _t(CPU, "gloo+cpu", 6, GB_MB) > 0,  # cell() raises unless the row is ok
-    "cpu_knee_below_1_mb": lambda: knee_mb(CPU, "gloo+cpu") < 1
-    and _t(CPU, "gloo+cpu", 2, 1, "busbw_gbps") < _t(CPU, "gloo+cpu", 2, GB_MB, "busbw_gbps"),
-    "cpu_growth_less_than_linear": lambda: time_ratio(CPU, ("gloo+cpu", 2, GB_MB), ("gloo+cpu", 2, 1)) < 1024,
+    "gloo_cuda_like_cpu_at_1_gb": lambda: abs(_t(*GLOO_CUDA, GB_MB) / _t(*GLOO_CPU, GB_MB) - 1) < 0.1,
+    "gloo_cuda_copies_show_at_1_mb": lambda: _t(*GLOO_CUDA, 1) > _t(*GLOO_CPU, 1),
+    "six_rank_1_gb_cell_ran": lambda: _t(*CPU6, GB_MB) > 0,  # cell() raises unless the row is ok
+    "cpu_knee_below_1_mb": lambda: knee_mb(CPU, "gloo+cpu") < 1 and _t(*CPU2, 1, "busbw_gbps") < _t(*CPU2, GB_MB, "busbw_gbps"),
+    "cpu_growth_less_than_linear": lambda: cpu_1mb_to_1gb_growth() < 1024,
     "cpu_six_ahead_of_four_by_scheduling": _cpu_six_ahead_of_four_by_scheduling,
     "only_two_gpus_measured": lambda: set(all_reduce_rows(GPU).query("status == 'ok'")["world_size"]) == {2},
 })

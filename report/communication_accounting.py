@@ -17,71 +17,54 @@ from report.results import markdown_table
 
 GB = 1e9
 CFG, MESH = ca.XXLConfig(), ca.Mesh()  # the problem's model and mesh
+summary = lambda overlap=True: ca.compute_bound_summary(CFG, ca.TPU_V5P, MESH, overlap)
+# tokens whose unsharded half of the activations alone fills a v5p, whatever N
+tokens_until_overflow = lambda: ca.TPU_V5P.memory_bytes / (ca.activation_bytes_per_token(CFG) / 2)
 
 
-def xxl_memory_table(cfg: ca.XXLConfig = CFG) -> str:
-    P = ca.n_params(cfg)
-    rows = [
-        {"quantity": "parameters", "value": f"{P:,}"},
-        {"quantity": "master weights, fp32 (GB)", "value": f"{P * cfg.master_weight_bytes / GB:,.1f}"},
-        {"quantity": "accumulated gradients, fp32 (GB)", "value": f"{P * cfg.grad_bytes / GB:,.1f}"},
-        {"quantity": "Adam m and v, fp32 (GB)", "value": f"{P * cfg.optimizer_bytes / GB:,.1f}"},
-        {"quantity": "sum (GB)", "value": f"{ca.state_bytes(cfg) / GB:,.1f}"},
-        {"quantity": "activations saved for backward, bf16 (MB per token)",
-         "value": f"{ca.activation_bytes_per_token(cfg) / 1e6:,.2f}"},
-        {"quantity": "H100s of 80 GB to hold the sum",
-         "value": f"{ca.devices_to_hold(ca.state_bytes(cfg), ca.H100_80GB)} "
-                  f"({ca.state_bytes(cfg) / ca.H100_80GB.memory_bytes:.2f} rounded up)"},
-    ]
-    return markdown_table(pd.DataFrame(rows))
+def xxl_memory_table() -> str:
+    P, state = ca.n_params(CFG), ca.state_bytes(CFG)
+    rows = [("parameters", f"{P:,}"), ("master weights, fp32 (GB)", f"{P * CFG.master_weight_bytes / GB:,.1f}"),
+            ("accumulated gradients, fp32 (GB)", f"{P * CFG.grad_bytes / GB:,.1f}"),
+            ("Adam m and v, fp32 (GB)", f"{P * CFG.optimizer_bytes / GB:,.1f}"), ("sum (GB)", f"{state / GB:,.1f}"),
+            ("activations saved for backward, bf16 (MB per token)", f"{ca.activation_bytes_per_token(CFG) / 1e6:,.2f}"),
+            ("H100s of 80 GB to hold the sum",
+             f"{ca.devices_to_hold(state, ca.H100_80GB)} ({state / ca.H100_80GB.memory_bytes:.2f} rounded up)")]
+    return markdown_table(pd.DataFrame(rows, columns=["quantity", "value"]))
 
 
-def n_fsdp_table(tokens=(0, 1024, 2048, 4096, 8192), cfg: ca.XXLConfig = CFG) -> str:
+def n_fsdp_table(tokens=(0, 1024, 2048, 4096, 8192)) -> str:
     rows = []
     for t in tokens:
-        n = ca.n_fsdp_required(cfg, ca.TPU_V5P, t)
+        n = ca.n_fsdp_required(CFG, ca.TPU_V5P, t)
         rows.append({"tokens whose activations are held": f"{t:,}", "N_FSDP": n,
-                     "GB per device at N_FSDP": ca.fsdp_bytes_per_device(cfg, n, t) / GB,
-                     "GB per device at N_FSDP - 1": ca.fsdp_bytes_per_device(cfg, n - 1, t) / GB
-                     if n > 1 else math.nan})
+                     "GB per device at N_FSDP": ca.fsdp_bytes_per_device(CFG, n, t) / GB,
+                     "GB per device at N_FSDP - 1": ca.fsdp_bytes_per_device(CFG, n - 1, t) / GB if n > 1 else math.nan})
     return markdown_table(pd.DataFrame(rows), floatfmt=".1f")
 
 
-def compute_bound_table(cfg: ca.XXLConfig = CFG, mesh: ca.Mesh = MESH) -> str:
+def compute_bound_table() -> str:
     rows = []
     for overlap in (True, False):
-        s = ca.compute_bound_summary(cfg, ca.TPU_V5P, mesh, overlap)
+        s = summary(overlap)
         rows.append({"assumption": "comms overlap (the book)" if overlap else "comms add up",
                      "B/N threshold": s["per_device_exact"], "per-device batch (tokens)": s["per_device_tokens"],
-                     "global batch B (tokens)": s["global_batch_tokens"],
-                     "T_math (ms)": s["t_math_s"] * 1e3, "T_FSDP (ms)": s["t_fsdp_s"] * 1e3,
-                     "T_TP (ms)": s["t_tp_s"] * 1e3})
+                     "global batch B (tokens)": s["global_batch_tokens"], "T_math (ms)": s["t_math_s"] * 1e3,
+                     "T_FSDP (ms)": s["t_fsdp_s"] * 1e3, "T_TP (ms)": s["t_tp_s"] * 1e3})
     return markdown_table(pd.DataFrame(rows), floatfmt=".4g")
 
 
-def batch_reduction_table(cfg: ca.XXLConfig = CFG) -> str:
+def batch_reduction_table() -> str:
     """Part (d): how the compute-bound global batch moves with the levers that change the formula."""
-    options = [
-        ("the setting of part (c)", cfg, ca.Mesh()),
-        ("fp8 weight all-gathers (b = 1 byte)", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh()),
-        ("more tensor parallelism: X = 8, Y = 8", cfg, ca.Mesh(X=8, Y=8)),
-        ("fp8 gathers and X = 8, Y = 8", dataclasses.replace(cfg, comm_bytes=1), ca.Mesh(X=8, Y=8)),
-    ]
+    fp8, tp8 = dataclasses.replace(CFG, comm_bytes=1), ca.Mesh(X=8, Y=8)
+    options = [("the setting of part (c)", CFG, ca.Mesh()), ("fp8 weight all-gathers (b = 1 byte)", fp8, ca.Mesh()),
+               ("more tensor parallelism: X = 8, Y = 8", CFG, tp8), ("fp8 gathers and X = 8, Y = 8", fp8, tp8)]
     rows = []
-    for name, c, mesh in options:
-        s = ca.compute_bound_summary(c, ca.TPU_V5P, mesh)
+    for name, cfg, mesh in options:
+        s = ca.compute_bound_summary(cfg, ca.TPU_V5P, mesh)
         rows.append({"lever": name, "per-device batch (tokens)": s["per_device_tokens"],
                      "global batch B (tokens)": s["global_batch_tokens"]})
     return markdown_table(pd.DataFrame(rows))
-
-
-def summary(overlap: bool = True) -> dict[str, float]:
-    return ca.compute_bound_summary(CFG, ca.TPU_V5P, MESH, overlap)
-
-
-def tokens_until_overflow() -> float:
-    """Tokens whose unsharded half of the activations alone fills a v5p, whatever N."""
-    return ca.TPU_V5P.memory_bytes / (ca.activation_bytes_per_token(CFG) / 2)
 
 
 def _state_is_several_dozen_h100s() -> bool:

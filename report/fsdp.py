@@ -3,7 +3,7 @@ time. Nothing here reads results/fsdp/ (the two-GPU run has not written it yet).
 from package functions at the benchmark's own setting (cs336_systems/distributed/fsdp_bench.py: our
 preset `xl`, the DDP chapter's global batch of 4 sequences over 2 ranks, the preset's context).
 
-The all-gather prediction (`gather_window_table`) combines the model's shapes with three committed
+The all-gather prediction (`gather_windows`) combines the model's shapes with three committed
 H200 measurements: the matmul ceilings (results/ceilings), NCCL's whole-model all-gather on two
 H200s (results/sharding/collectives) and the fixed cost per call fitted to NCCL's all-reduces
 (results/collectives).
@@ -22,15 +22,15 @@ from cs336_systems.distributed.fsdp_bench import GLOBAL_BATCH, STAGE, TRACE_BENC
 from cs336_systems.model import TransformerLM, count_parameters, get_config
 from cs336_systems.sharding import accounting as acc
 from cs336_systems.sharding import preset_accounting as pa
-from cs336_systems.sharding.sharding_bench import COMM_BENCH
 from report import collectives, ddp, reproducing, sharding
 from report.registry import register
-from report.results import GPU, load_results, markdown_table, newest, rows_if_any
+from report.results import GPU, markdown_table, rows_if_any
 from report.units import GiB, MiB
 
 SIZE, WORLD = "xl", 2                      # fsdp_bench's default size on cuda, and its 2 GPUs
 BATCH_PER_RANK = GLOBAL_BATCH // WORLD     # the DDP chapter's 2 sequences per rank
 CFG = get_config(SIZE)                     # the preset's context: 512
+N_PARAMS = count_parameters(CFG)["total"]
 TOKENS = BATCH_PER_RANK * CFG.context_length  # tokens one rank's forward sees
 BYTES = {"fp32": 4, "bf16": 2}
 # The rows of the expected-memory table: what the benchmark's variants keep, by accounting stage.
@@ -49,9 +49,8 @@ def expected_memory(stage: str, size: str = SIZE) -> acc.MemoryBreakdown:
     return acc.transformer_memory(get_config(size, CFG.context_length), BATCH_PER_RANK, WORLD, stage)
 
 
-def saved(stage: str, than: str, size: str = SIZE) -> float:
-    """Bytes per rank that `stage` keeps less than `than` (activations cancel: no stage shards them)."""
-    return expected_memory(than, size).total - expected_memory(stage, size).total
+# bytes per rank that `stage` keeps less than `than` (activations cancel: no stage shards them)
+saved = lambda stage, than, size=SIZE: expected_memory(than, size).total - expected_memory(stage, size).total
 
 
 def expected_memory_table() -> str:
@@ -66,27 +65,21 @@ def expected_memory_table() -> str:
     return markdown_table(pd.DataFrame(rows), floatfmt=".2f")
 
 
-def xl2026() -> dict[str, float]:
-    """fsdp_accounting (a) for the 2026 xl: preset_accounting's numbers (the distributed chapters'
-    one account of that model), at the benchmark's setting."""
-    assert (XL_2026.world_size, XL_2026.batch_per_rank, XL_2026.context) == (WORLD, BATCH_PER_RANK, CFG.context_length)
-    return pa.fsdp_saving(XL_2026)
-
-
-def _one_account() -> bool:
-    """preset_accounting and this module's own arithmetic agree for both models, to the byte."""
-    pairs = [(pa.fsdp_saving(pa.XL_2025), SIZE), (xl2026(), XL_2026.size)]
-    return all(got["saved_vs_sharded"] == saved("zero3", "sharded", size) and got["saved_vs_ddp"] == saved("zero3", "ddp", size)
-               and got["fsdp_peak"] == expected_memory("zero3", size).total for got, size in pairs)
+# fsdp_accounting (a) for the 2026 xl: preset_accounting's numbers, the distributed chapters' one
+# account of that model (a claim checks they are this module's arithmetic at the benchmark's setting)
+xl2026 = lambda: pa.fsdp_saving(XL_2026)
 
 
 def _xl2026_saving_is_the_formula() -> bool:
-    """(1 - 1/N) of 8 bytes per parameter below the sharded optimizer, (1 - 1/N) of 16 below DDP;
-    a larger share of the sharded peak than the 2025 xl's (activations weigh less against 3.4B
-    parameters' state than against 2.0B's)."""
+    """preset_accounting and this module's arithmetic agree for both models, to the byte; (1 - 1/N)
+    of 8 bytes per parameter below the sharded optimizer, (1 - 1/N) of 16 below DDP; a larger share
+    of the sharded peak than the 2025 xl's (activations weigh less against 3.4B parameters' state
+    than against 2.0B's)."""
+    one_account = all(got["saved_vs_sharded"] == saved("zero3", "sharded", size) and got["saved_vs_ddp"] == saved("zero3", "ddp", size)
+                      and got["fsdp_peak"] == expected_memory("zero3", size).total
+                      for got, size in ((pa.fsdp_saving(pa.XL_2025), SIZE), (xl2026(), XL_2026.size)))
     n, got = XL_2026.n_params, xl2026()
-    return (_one_account() and got["saved_vs_sharded"] == 8 * n * (1 - 1 / WORLD)
-            and got["saved_vs_ddp"] == 16 * n * (1 - 1 / WORLD)
+    return (one_account and got["saved_vs_sharded"] == 8 * n * (1 - 1 / WORLD) and got["saved_vs_ddp"] == 16 * n * (1 - 1 / WORLD)
             and got["saved_share_vs_sharded"] > saved("zero3", "sharded") / expected_memory("sharded").total)
 
 
@@ -95,12 +88,10 @@ def _xl2026_adamw_state_stays_the_largest() -> bool:
     return m.optimizer_state > m.activations > max(m.params, m.grads) and m.activations == xl2026()["activations"]
 
 
-def _not_yet_measured(bench: str, shared: bool) -> bool:
-    """No H200 rows of this kind yet: two-GPU rows (ranks_per_gpu 1) or shared-GPU ones (> 1)."""
-    df = rows_if_any(bench, GPU)
-    if df.empty:
-        return True
-    per_gpu = df["ranks_per_gpu"] if "ranks_per_gpu" in df else pd.Series(1, index=df.index)
+def _steps_not_yet_measured(shared: bool) -> bool:
+    """No H200 step rows of this kind yet: two-GPU rows (ranks_per_gpu 1) or shared-GPU ones (> 1)."""
+    df = rows_if_any(STEPS_BENCH, GPU)
+    per_gpu = df.get("ranks_per_gpu", pd.Series(1, index=df.index))
     return not ((per_gpu > 1) if shared else (per_gpu == 1)).any()
 
 
@@ -114,8 +105,7 @@ def weights(size: str = SIZE) -> pd.DataFrame:
                           "sharded": id(p) in sharded} for n, p in model.named_parameters()])
 
 
-def largest_weight_bytes(dtype: str = "fp32") -> int:
-    return int(weights().query("sharded")["numel"].max()) * BYTES[dtype]
+largest_weight_bytes = lambda: int(weights().query("sharded")["numel"].max()) * BYTES["fp32"]
 
 
 # -- (b) will each all-gather finish in time? ------------------------------------------------------
@@ -133,14 +123,13 @@ def _block_ops() -> list[tuple[str, tuple[int, int] | None, float]]:
 
 def all_gather_rate_s_per_byte() -> float:
     """Seconds per byte of all-gather output: NCCL's all-gather of the whole xl model on 2 H200s."""
-    row = newest(load_results(COMM_BENCH, GPU, status="ok"), ["op"]).query("op == 'all_gather'").iloc[-1]
-    return float(row["ms"]) / 1e3 / float(row["bytes"])
+    row = sharding.collectives(GPU).loc["all_gather"]
+    return row["ms"] / 1e3 / row["bytes"]
 
 
-def fixed_cost_s() -> float:
-    """o of t = o + bytes/w, fitted to NCCL's all-reduces on 2 H200s (timed alone, barrier to
-    host synchronize: an upper bound on what one call among many back to back costs)."""
-    return collectives.fit(GPU, "nccl+cuda", WORLD)[0]
+# o of t = o + bytes/w fitted to NCCL's all-reduces on 2 H200s, each timed alone (barrier to host
+# synchronize): an upper bound on what one call among many back to back costs
+fixed_cost_s = lambda: collectives.fit(GPU, "nccl+cuda", WORLD)[0]
 
 
 def gather_windows() -> pd.DataFrame:
@@ -164,29 +153,26 @@ def gather_windows() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def gather_window_table() -> str:
-    return markdown_table(gather_windows(), floatfmt=".0f")
+# the measured bf16 matmul ceiling over the fp32 one: how much shorter bf16's windows are
+bf16_speedup = lambda: reproducing.matmul_ceiling_tflops("bf16") / reproducing.matmul_ceiling_tflops("fp32")
 
 
-def bf16_speedup() -> float:
-    """The measured bf16 matmul ceiling over the fp32 one: how much shorter bf16's windows are."""
-    return reproducing.matmul_ceiling_tflops("bf16") / reproducing.matmul_ceiling_tflops("fp32")
+def gather_and_window_us(dtype: str, fixed: bool = False) -> tuple[pd.Series, pd.Series]:
+    """Each use's all-gather time (with or without the fixed cost per call) and its window."""
+    w = gather_windows()
+    return w[f"all-gather {dtype} (µs)"] + (fixed_cost_s() * 1e6 if fixed else 0.0), w[f"window {dtype} (µs)"]
 
 
 def window_over_gather(dtype: str, fixed: bool = False) -> pd.Series:
-    """Each use's window over its all-gather's time, with or without the fixed cost per call."""
-    w = gather_windows()
-    gather = w[f"all-gather {dtype} (µs)"] + (fixed_cost_s() * 1e6 if fixed else 0.0)
-    return w[f"window {dtype} (µs)"] / gather
+    gather, window = gather_and_window_us(dtype, fixed)
+    return window / gather
 
 
 def forward_stall_s(dtype: str, fixed: bool = False) -> float:
     """Predicted wait per forward: every block's late gathers (gather time beyond the window),
     over the model's layers. The first uses of a forward (prefetched at its start) are left out."""
-    w = gather_windows()
-    gather = w[f"all-gather {dtype} (µs)"] + (fixed_cost_s() * 1e6 if fixed else 0.0)
-    late = (gather - w[f"window {dtype} (µs)"]).clip(lower=0.0)
-    return float(late.sum()) * 1e-6 * CFG.num_layers
+    gather, window = gather_and_window_us(dtype, fixed)
+    return float((gather - window).clip(lower=0.0).sum()) * 1e-6 * CFG.num_layers
 
 
 # -- communication per step ------------------------------------------------------------------------
@@ -194,38 +180,20 @@ def forward_stall_s(dtype: str, fixed: bool = False) -> float:
 def communication() -> pd.DataFrame:
     """Bytes each rank receives per step and their time alone at the measured whole-model rates
     (the collectives' bandwidth terms; FSDP's per-weight calls add their fixed costs on top)."""
-    n = count_parameters(CFG)["total"]
-    ms = {op: sharding.measured_collective_ms(op, GPU) for op in ("all_reduce", "all_gather", "reduce_scatter")}
+    n, ms = N_PARAMS, sharding.collectives(GPU)["ms"]
     fp32 = n * 4  # the bytes those collectives were timed on
-    rows = [("DDP", "all-reduce gradients", acc.communication_bytes_per_rank("ddp", n, WORLD),
-             ms["all_reduce"]),
-            ("ZeRO-1", "reduce-scatter gradients, all-gather parameters",
-             acc.communication_bytes_per_rank("zero1", n, WORLD), ms["reduce_scatter"] + ms["all_gather"])]
+    received = lambda stage, b=4: acc.communication_bytes_per_rank(stage, n, WORLD, grad_bytes=b, param_bytes=b) / 1e9
+    rows = [("DDP", "all-reduce gradients", received("ddp"), ms["all_reduce"]),
+            ("ZeRO-1", "reduce-scatter gradients, all-gather parameters", received("zero1"), ms["reduce_scatter"] + ms["all_gather"])]
     for dtype, b in BYTES.items():
-        rows.append((f"FSDP {dtype}", "all-gather parameters twice, reduce-scatter gradients",
-                     acc.communication_bytes_per_rank("zero3", n, WORLD, grad_bytes=b, param_bytes=b),
+        rows.append((f"FSDP {dtype}", "all-gather parameters twice, reduce-scatter gradients", received("zero3", b),
                      (2 * ms["all_gather"] + ms["reduce_scatter"]) * b * n / fp32))
-    return pd.DataFrame(rows, columns=["method", "collectives", "GB received per rank", "ms alone"]).assign(
-        **{"GB received per rank": lambda d: d["GB received per rank"] / 1e9})
+    return pd.DataFrame(rows, columns=["method", "collectives", "GB received per rank", "ms alone"])
 
 
-def communication_table() -> str:
-    return markdown_table(communication(), floatfmt=".3g")
-
-
-def _comm(method: str, column: str) -> float:
-    df = communication()
-    return float(df.loc[df["method"] == method, column].iloc[0])
-
-
-# -- facts ---------------------------------------------------------------------------------------
-
-def _gib(x: float) -> str:
-    return f"{x / GiB:.2f}"
-
-
-def _n() -> int:
-    return count_parameters(CFG)["total"]
+_comm = lambda method, column: float(communication().set_index("method").loc[method, column])
+fp32_bytes_over_ddp = lambda: _comm("FSDP fp32", "GB received per rank") / _comm("DDP", "GB received per rank")
+_gib = lambda x: f"{x / GiB:.2f}"
 
 
 def _runs_the_ddp_setting() -> bool:
@@ -259,26 +227,20 @@ def _what_gets_sharded() -> bool:
 register("fsdp", facts={
     "course_suite_2026_cpu": lambda: COURSE_SUITE_2026_CPU,
     "xl2026_params_b": lambda: f"{XL_2026.n_params / 1e9:.2f}",
-    "xl2026_saved_vs_sharded_gib": lambda: _gib(xl2026()["saved_vs_sharded"]),
+    **{f"xl2026_{name}_gib": (lambda k=k: _gib(xl2026()[k])) for name, k in (
+        ("saved_vs_sharded", "saved_vs_sharded"), ("saved_vs_ddp", "saved_vs_ddp"), ("activations", "activations"),
+        ("sharded", "sharded_peak"), ("fsdp", "fsdp_peak"), ("ddp", "ddp_peak"))},
     "xl2026_saved_share": lambda: f"{xl2026()['saved_share_vs_sharded']:.0%}",
-    "xl2026_sharded_gib": lambda: _gib(xl2026()["sharded_peak"]),
-    "xl2026_fsdp_gib": lambda: _gib(xl2026()["fsdp_peak"]),
-    "xl2026_ddp_gib": lambda: _gib(xl2026()["ddp_peak"]),
-    "xl2026_saved_vs_ddp_gib": lambda: _gib(xl2026()["saved_vs_ddp"]),
-    "xl2026_activations_gib": lambda: _gib(xl2026()["activations"]),
     "xl2026_state_gib": lambda: _gib(expected_memory("zero3", XL_2026.size).optimizer_state),
-    "n_params_b": lambda: f"{count_parameters(CFG)['total'] / 1e9:.2f}",
+    "n_params_b": lambda: f"{N_PARAMS / 1e9:.2f}",
     "tokens_per_rank": lambda: f"{TOKENS:,}",
     "sharded_weights": lambda: f"{int(weights()['sharded'].sum())}",
     "replicated_params": lambda: f"{int((~weights()['sharded']).sum())}",
-    "replicated_share": lambda: "{:.3f}%".format(
-        100 * weights().query("not sharded")["numel"].sum() / weights()["numel"].sum()),
+    "replicated_share": lambda: f"{100 * weights().query('not sharded')['numel'].sum() / weights()['numel'].sum():.3f}%",
     "largest_weight_mib": lambda: f"{largest_weight_bytes() / MiB:.1f}",
     "two_gathered_mib": lambda: f"{2 * largest_weight_bytes() / MiB:.0f}",
     "reduce_scatters_in_flight": lambda: f"{REDUCE_SCATTERS_IN_FLIGHT}",
-    "ddp_gib": lambda: _gib(expected_memory("ddp").total),
-    "sharded_gib": lambda: _gib(expected_memory("sharded").total),
-    "fsdp_gib": lambda: _gib(expected_memory("zero3").total),
+    **{f"{name}_gib": (lambda s=s: _gib(expected_memory(s).total)) for name, s in (("ddp", "ddp"), ("sharded", "sharded"), ("fsdp", "zero3"))},
     "activations_gib": lambda: _gib(expected_memory("zero3").activations),
     "saved_vs_sharded_gib": lambda: _gib(saved("zero3", "sharded")),
     "saved_vs_sharded_share": lambda: f"{saved('zero3', 'sharded') / expected_memory('sharded').total:.0%}",
@@ -290,22 +252,20 @@ register("fsdp", facts={
     "bf16_max_margin_fixed": lambda: f"{window_over_gather('bf16', fixed=True).max():.2f}",
     "bf16_stall_ms": lambda: f"{forward_stall_s('bf16') * 1e3:.1f}",
     "bf16_stall_ms_fixed": lambda: f"{forward_stall_s('bf16', fixed=True) * 1e3:.0f}",
-    "comm_fp32_ms": lambda: f"{_comm('FSDP fp32', 'ms alone'):.0f}",
-    "comm_bf16_ms": lambda: f"{_comm('FSDP bf16', 'ms alone'):.0f}",
-    "comm_ddp_ms": lambda: f"{_comm('DDP', 'ms alone'):.0f}",
-    "bytes_vs_ddp_fp32": lambda: f"{_comm('FSDP fp32', 'GB received per rank') / _comm('DDP', 'GB received per rank'):.2g}",
+    **{f"comm_{name}_ms": (lambda m=m: f"{_comm(m, 'ms alone'):.0f}") for name, m in (("fp32", "FSDP fp32"), ("bf16", "FSDP bf16"), ("ddp", "DDP"))},
+    "bytes_vs_ddp_fp32": lambda: f"{fp32_bytes_over_ddp():.2g}",
     "collective_calls": lambda: f"{3 * int(weights()['sharded'].sum()) - 1:,}",
-}, tables={"expected_memory": expected_memory_table, "gather_windows": gather_window_table,
-           "communication": communication_table}, claims={
+}, tables={"expected_memory": expected_memory_table, "gather_windows": lambda: markdown_table(gather_windows(), floatfmt=".0f"),
+           "communication": lambda: markdown_table(communication(), floatfmt=".3g")}, claims={
     "benchmark_runs_the_ddp_chapters_xl_and_batch": _runs_the_ddp_setting,
-    "two_gpu_steps_not_yet_measured": lambda: _not_yet_measured(STEPS_BENCH, shared=False)
+    "two_gpu_steps_not_yet_measured": lambda: _steps_not_yet_measured(shared=False)
     and rows_if_any(TRACE_BENCH, GPU).empty,
-    "shared_gpu_not_yet_measured": lambda: _not_yet_measured(STEPS_BENCH, shared=True),
+    "shared_gpu_not_yet_measured": lambda: _steps_not_yet_measured(shared=True),
     "xl2026_saves_the_parameters_and_gradients_share": _xl2026_saving_is_the_formula,
     "xl2026_adamw_state_stays_the_largest": _xl2026_adamw_state_stays_the_largest,
     "what_gets_sharded": _what_gets_sharded,
-    "saves_the_parameters_and_gradients_share": lambda: abs(saved("zero3", "sharded") / (8 * _n() * (1 - 1 / WORLD)) - 1) < 1e-9
-    and abs(saved("zero3", "ddp") / (16 * _n() * (1 - 1 / WORLD)) - 1) < 1e-9,
+    "saves_the_parameters_and_gradients_share": lambda: abs(saved("zero3", "sharded") / (8 * N_PARAMS * (1 - 1 / WORLD)) - 1) < 1e-9
+    and abs(saved("zero3", "ddp") / (16 * N_PARAMS * (1 - 1 / WORLD)) - 1) < 1e-9,
     "activations_become_the_largest_item": lambda: (lambda m: m.activations == expected_memory("ddp").activations
                                                     and m.activations > max(m.params, m.grads, m.optimizer_state))(expected_memory("zero3")),
     "fp32_gathers_fit_their_windows": lambda: window_over_gather("fp32").min() > 1 and window_over_gather("fp32", fixed=True).min() > 1
@@ -313,10 +273,9 @@ register("fsdp", facts={
     "bf16_ceiling_more_than_doubles": lambda: bf16_speedup() > 2,
     "bf16_gathers_wait": lambda: window_over_gather("bf16", fixed=True).max() < 1
     and 0 < forward_stall_s("bf16") < forward_stall_s("bf16", fixed=True),
-    "fixed_cost_is_an_upper_bound": lambda: ddp.flat_saved_added_ms(GPU, ddp.one_allreduce_ms())[0] / 1e3
-    / float(ddp.at(GPU, "naive")["allreduce_calls"]) < fixed_cost_s(),
+    "fixed_cost_is_an_upper_bound": lambda: ddp.naive_excess_per_call_ms() / 1e3 < fixed_cost_s(),
     # (N-1)/N (G + 2P) against 2 (N-1)/N G, with G = P
-    "fsdp_moves_one_and_a_half_ddps_bytes": lambda: abs(_comm("FSDP fp32", "GB received per rank") / _comm("DDP", "GB received per rank") - 1.5) < 1e-9,
+    "fsdp_moves_one_and_a_half_ddps_bytes": lambda: abs(fp32_bytes_over_ddp() - 1.5) < 1e-9,
     # small: under 15% of the compute-only step
-    "communication_small_next_to_compute": lambda: communication()["ms alone"].max() < 0.15 * float(ddp.at(GPU, "compute-only")["step_ms"]),
+    "communication_small_next_to_compute": lambda: communication()["ms alone"].max() < 0.15 * ddp.value(GPU, "compute-only", "step_ms"),
 })

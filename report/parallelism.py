@@ -25,6 +25,7 @@ from report.units import near
 
 N_NODE = 8          # GPUs in one NVLink-switched HGX H200 node: the N the per-problem tables use
 S_EXAMPLE = 1e9     # bytes of the all-reduce the alternate ring is timed on
+DATASHEET, MEASURED, INFINIBAND = "H200 NVLink, datasheet", "H200 NVLink, measured", "H200 InfiniBand, datasheet"
 
 
 def reachable_device() -> Device:
@@ -39,9 +40,8 @@ def reachable_device() -> Device:
 
 def settings() -> dict[str, answers.Setting]:
     """The leaderboard FFN on three devices: datasheet NVLink, measured NVLink, InfiniBand."""
-    return {"H200 NVLink, datasheet": answers.leaderboard_setting(H200_NVLINK),
-            "H200 NVLink, measured": answers.leaderboard_setting(reachable_device()),
-            "H200 InfiniBand, datasheet": answers.leaderboard_setting(H200_INFINIBAND)}
+    return {DATASHEET: answers.leaderboard_setting(H200_NVLINK), MEASURED: answers.leaderboard_setting(reachable_device()),
+            INFINIBAND: answers.leaderboard_setting(H200_INFINIBAND)}
 
 
 SETTING = answers.leaderboard_setting()  # datasheet NVLink: the setting every answer quotes
@@ -49,12 +49,8 @@ SETTING = answers.leaderboard_setting()  # datasheet NVLink: the setting every a
 
 # -- one table per problem: its parts' values at N = N_NODE ------------------------------------
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms"
-
-
-def _tflop(flops: float) -> str:
-    return f"{flops / 1e12:.2f} TFLOP"
+_ms = lambda seconds: f"{seconds * 1e3:.3f} ms"
+_alt = lambda N, key: answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)[key]["value"]
 
 
 def setting_table() -> str:
@@ -66,12 +62,8 @@ def setting_table() -> str:
 
 
 def alternate_table(Ns=(2, 4, 8, 16)) -> str:
-    rows = []
-    for N in Ns:
-        a = answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)
-        rows.append({"N": N, "alternate ring": _ms(a["time"]["value"]),
-                     "ring all-reduce": _ms(a["ring_all_reduce"]["value"]),
-                     "ratio (N / 2)": a["slowdown"]["value"]})
+    rows = [{"N": N, "alternate ring": _ms(_alt(N, "time")), "ring all-reduce": _ms(_alt(N, "ring_all_reduce")),
+             "ratio (N / 2)": _alt(N, "slowdown")} for N in Ns]
     return markdown_table(pd.DataFrame(rows))
 
 
@@ -89,16 +81,20 @@ def per_pass_table(strategy: str, N: int = N_NODE) -> str:
     rows = []
     for pass_ in ("forward", "backward"):
         compute, comm = _compute_and_comm(strategy, pass_, N)
-        rows.append({"pass": pass_, "FLOPs per device": _tflop(compute * SETTING.C),
+        rows.append({"pass": pass_, "FLOPs per device": f"{compute * SETTING.C / 1e12:.2f} TFLOP",
                      "compute": _ms(compute), "communication": _ms(comm),
                      "communication-bound": comm > compute})
     return markdown_table(pd.DataFrame(rows))
 
 
-def integer_split(overlap: bool, s: answers.Setting = SETTING) -> tuple[int, int]:
-    """(N_FSDP, N_TP), whole devices, with the most devices N_FSDP N_TP whose forward stays
-    compute-bound (the real-valued optimum is costs.fsdp_tp_split); ties go to less TP."""
-    f_max, t_max = costs.fsdp_tp_split(s.B, s.F, s.C, s.W, overlap)
+# (N_FSDP, N_TP), real-valued, with the most devices whose forward stays compute-bound
+real_split = lambda overlap: costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, overlap)
+
+
+def integer_split(overlap: bool) -> tuple[int, int]:
+    """real_split in whole devices: the most devices N_FSDP N_TP whose forward stays compute-bound;
+    ties go to less TP."""
+    s, (f_max, t_max) = SETTING, real_split(overlap)
     best = (1, 1)
     for t in range(1, math.floor(max(f_max, t_max) * 2) + 1):
         for f in range(1, math.floor(max(f_max, t_max) * 2) + 1):
@@ -140,34 +136,24 @@ def tp_prediction_table(tokens=(4096, 16384, 65536), N: int = 2) -> str:
 
 def bounds() -> pd.DataFrame:
     """Largest N before communication outlasts compute, one column per device setting."""
-    frames = [answers.communication_bound_devices(s).assign(setting=name) for name, s in settings().items()]
-    df = pd.concat(frames)
-    df["row"] = df["strategy"] + ", " + df["pass"]
-    return df.pivot_table(index=["row", "formula"], columns="setting", values="max_devices",
-                          sort=False).reset_index()
-
-
-def bounds_table() -> str:
-    df = bounds().rename(columns={"row": "strategy, pass"})
-    return markdown_table(df, floatfmt=".1f", formats={"formula": lambda f: f"`{f}`"})
+    df = pd.concat([answers.communication_bound_devices(s).assign(setting=name) for name, s in settings().items()])
+    return (df.assign(row=df["strategy"] + ", " + df["pass"])
+            .pivot_table(index=["row", "formula"], columns="setting", values="max_devices", sort=False).reset_index())
 
 
 def bounds_figure():
     """Horizontal bars, log scale: the largest N per strategy and pass, per device setting."""
-    df = bounds()
-    names = list(settings())
+    df, names = bounds(), [DATASHEET, MEASURED, INFINIBAND]
     fig, ax = new_figure(7.5, 4.8)
-    y = np.arange(len(df))
-    h = 0.8 / len(names)
+    y, h = np.arange(len(df)), 0.8 / len(names)
     for i, name in enumerate(names):
         bars = ax.barh(y + (i - (len(names) - 1) / 2) * h, df[name], height=h, label=name)
         ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)
     ax.axvline(N_NODE, color="grey", linestyle=":", linewidth=1, label="one HGX node: 8 GPUs")
     ax.set_yticks(y, df["row"])
     ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlim(1, df[names].to_numpy().max() * 3)
-    ax.set_xlabel("largest device count N before communication outlasts compute (log scale)")
+    ax.set(xscale="log", xlim=(1, df[names].to_numpy().max() * 3),
+           xlabel="largest device count N before communication outlasts compute (log scale)")
     ax.set_title("The leaderboard model's FFN: B = 65,536 tokens, D = 4,096, D_FF = 11,008", fontsize=10)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return fig
@@ -175,8 +161,7 @@ def bounds_figure():
 
 def ratio_figure():
     """Communication over compute time against N on datasheet NVLink: above 1, communication-bound."""
-    df = answers.time_curves(SETTING)
-    df = df[df["N"] > 1]  # one device communicates nothing
+    df = answers.time_curves(SETTING).query("N > 1")  # one device communicates nothing
     fig, ax = new_figure(7.0, 3.6)
     for (strategy, pass_), g in df.groupby(["strategy", "pass"], sort=False):
         label = {"DP": "DP, backward (the same as FSDP)", "FSDP+TP": "FSDP+TP, forward, best split"}.get(
@@ -186,40 +171,26 @@ def ratio_figure():
     ax.axhline(1, color="grey", linestyle=":", linewidth=1)
     ax.text(df["N"].min(), 1.1, "communication-bound above", color="grey", fontsize=8)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set(yscale="log", xlabel="devices N", ylabel="communication / compute time")
     ax.set_xticks(sorted(df["N"].unique()), [str(n) for n in sorted(df["N"].unique())])
-    ax.set_xlabel("devices N")
-    ax.set_ylabel("communication / compute time")
     ax.legend(fontsize=8)
     return fig
 
 
 # -- the quantities the page's sentences quote -------------------------------------------------
 
-def bound(strategy: str, pass_: str, setting: str = "H200 NVLink, datasheet") -> float:
-    df = answers.communication_bound_devices(settings()[setting])
-    return float(df[(df.strategy == strategy) & (df["pass"] == pass_)].max_devices.iloc[0])
-
-
-def c_over_w(setting: str) -> float:
-    s = settings()[setting]
-    return s.C / s.W
-
-
-def _alt(N: int, key: str) -> float:
-    return answers.alternate_ring_all_reduce(S_EXAMPLE, N, SETTING.W)[key]["value"]
-
-
-def _pass(strategy: str, pass_: str, which: int) -> float:
-    return _compute_and_comm(strategy, pass_, N_NODE)[which]
+# the largest N before communication outlasts compute, for one strategy and pass on one device
+bound = lambda strategy, pass_, setting=DATASHEET: float(bounds().set_index("row").loc[f"{strategy}, {pass_}", setting])
+c_over_w = lambda setting: settings()[setting].C / settings()[setting].W
+_pass = lambda strategy, pass_, which: _compute_and_comm(strategy, pass_, N_NODE)[which]  # which: 0 compute, 1 comm
 
 
 _FACTS = {
     "n_node": lambda: f"{N_NODE}",
-    "c_over_w": lambda: f"{c_over_w('H200 NVLink, datasheet'):,.0f}",
+    "c_over_w": lambda: f"{c_over_w(DATASHEET):,.0f}",
     "reach_c_tflops": lambda: f"{reproducing.matmul_ceiling_tflops('bf16'):.0f}",
     "reach_w_gbps": lambda: f"{reachable_device().egress_bandwidth / 1e9:.0f}",
-    "reach_c_over_w": lambda: f"{c_over_w('H200 NVLink, measured'):,.0f}",
+    "reach_c_over_w": lambda: f"{c_over_w(MEASURED):,.0f}",
     "alt_ms_8": lambda: f"{_alt(8, 'time') * 1e3:.1f}",
     "ring_ms_8": lambda: f"{_alt(8, 'ring_all_reduce') * 1e3:.2f}",
     "dp_bwd_tflop_8": lambda: f"{_pass('DP', 'backward', 0) * SETTING.C / 1e12:.2f}",
@@ -234,14 +205,14 @@ _FACTS = {
     "fsdp_tp_overlap_bound": lambda: f"{bound('FSDP+TP, overlapped', 'forward'):.0f}",
     "fsdp_tp_serial_bound": lambda: f"{bound('FSDP+TP, not overlapped', 'forward'):.0f}",
     "serial_over_overlap": lambda: f"{bound('FSDP+TP, not overlapped', 'forward') / bound('FSDP+TP, overlapped', 'forward'):.2f}",
-    "overlap_split": lambda: "{:.1f} x {:.1f}".format(*costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, True)),
-    "serial_split": lambda: "{:.1f} x {:.1f}".format(*costs.fsdp_tp_split(SETTING.B, SETTING.F, SETTING.C, SETTING.W, False)),
+    "overlap_split": lambda: "{:.1f} x {:.1f}".format(*real_split(True)),
+    "serial_split": lambda: "{:.1f} x {:.1f}".format(*real_split(False)),
     "overlap_int": lambda: "{} x {} = {}".format(*integer_split(True), math.prod(integer_split(True))),
     "serial_int": lambda: "{} x {} = {}".format(*integer_split(False), math.prod(integer_split(False))),
     "b_over_dff": lambda: f"{SETTING.B / (1.5 * SETTING.F):.1f}",
     "ib_w_drop": lambda: f"{H200_NVLINK.egress_bandwidth / H200_INFINIBAND.egress_bandwidth:.0f}",
-    "ib_dp_bound": lambda: f"{bound('DP', 'backward', 'H200 InfiniBand, datasheet'):.1f}",
-    "ib_tp_fwd_bound": lambda: f"{bound('TP', 'forward', 'H200 InfiniBand, datasheet'):.1f}",
+    "ib_dp_bound": lambda: f"{bound('DP', 'backward', INFINIBAND):.1f}",
+    "ib_tp_fwd_bound": lambda: f"{bound('TP', 'forward', INFINIBAND):.1f}",
 }
 B, D, F = 2 * 32_768, 4_096, 11_008  # "batch 2 at context 32,768 ... D = 4,096 and D_FF = 11,008"
 C, W = 989e12, 450e9                 # the H200 datasheet: dense bf16, NVLink one direction
@@ -276,16 +247,16 @@ def _measured_keeps_c_over_w() -> bool:
     bound moves by more than 5%."""
     reach = reachable_device()
     c, w = reach.flops / C, reach.egress_bandwidth / W
-    moved = bounds()["H200 NVLink, measured"] / bounds()["H200 NVLink, datasheet"] - 1
+    moved = bounds()[MEASURED] / bounds()[DATASHEET] - 1
     return c < 1 and w < 1 and abs(c / w - 1) < 0.05 and (moved.abs() < 0.05).all()
 
 
 def _infiniband_tp_comm_bound_on_two() -> bool:
     ratio = H200_NVLINK.egress_bandwidth / H200_INFINIBAND.egress_bandwidth
-    scaled = all(near(bound(s, p, "H200 InfiniBand, datasheet") - 1, (bound(s, p) - 1) / ratio, 1e-12)
+    scaled = all(near(bound(s, p, INFINIBAND) - 1, (bound(s, p) - 1) / ratio, 1e-12)
                  for s, p in (("DP", "backward"), ("TP", "forward")))
     N = 2  # communication outlasts compute at N = 2 over InfiniBand
-    return (near(ratio, 9, 1e-12) and scaled and bound("TP", "forward", "H200 InfiniBand, datasheet") < 2
+    return (near(ratio, 9, 1e-12) and scaled and bound("TP", "forward", INFINIBAND) < 2
             and 4 * B * D * (N - 1) / (N * H200_INFINIBAND.egress_bandwidth) > 6 * B * D * F / (N * C))
 
 
@@ -309,7 +280,8 @@ def _tp_prediction_adds_the_terms() -> bool:
 register("parallelism", facts=_FACTS, tables={
     "setting": setting_table, "alternate": alternate_table, "dp": lambda: per_pass_table("DP"),
     "fsdp": lambda: per_pass_table("FSDP"), "tp": lambda: per_pass_table("TP"), "fsdp_tp": fsdp_tp_table,
-    "bounds": bounds_table, "tp_prediction": tp_prediction_table,
+    "bounds": lambda: markdown_table(bounds().rename(columns={"row": "strategy, pass"}), floatfmt=".1f",
+                                     formats={"formula": lambda f: f"`{f}`"}), "tp_prediction": tp_prediction_table,
 }, figures={"bounds": bounds_figure, "ratio": ratio_figure}, claims={
     "setting_is_the_leaderboard_8b": lambda: (2 * get_config("8B").context_length, get_config("8B").d_model, get_config("8B").d_ff) == (B, D, F)
     and (SETTING.B, SETTING.D, SETTING.F, SETTING.C, SETTING.W) == (B, D, F, C, W),
