@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from report.figures import plt  # the site's figure backend (Agg), set before anything draws
-from report.flash import MODE_WORDS, _lb_fwd_margin
+from report.flash import MODE_WORDS, fwd_margin
 from report.registry import register
 from report.results import load_results, markdown_table, newest, provenance_line, source
 
@@ -218,7 +218,7 @@ register("flash", facts=FACTS, tables={
                                                 for n in (8192, 16384, 32768))
     and _ms("triton", "bf16", 64, LARGEST, "fwd_bwd") > _ours_fwd_bwd_small().max(),
     "faster_than_cudnn_up_to_d64": _vs_cudnn_falls_with_d,
-    "sweep_forward_margin_is_wider": lambda: speed_vs_cudnn(64, "fwd") - 1 > _lb_fwd_margin(),
+    "sweep_forward_margin_is_wider": lambda: speed_vs_cudnn(64, "fwd") - 1 > fwd_margin(),
     "bf16_clear_fp32_barely": lambda: all(_vs_naive("bf16", n) > 2 and 1 < _vs_naive("fp32", n) < 1.2  # under 20%
                                           and _vs_naive("fp32", n, d=128) < 1 for n in (16384, LARGEST)),
     "fp32_needs_less_memory": lambda: _peak_gib("triton", "fp32") < _peak_gib("naive", "fp32"),
