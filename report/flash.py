@@ -4,6 +4,9 @@ The leaderboard case is the course's (batch 16 with the heads folded in, 16,384 
 bf16, causal). `just bench flash-leaderboard` times ours and four others in one process and writes
 one row per (run, implementation, mode). The chapter quotes the *headline run*: the newest run that
 timed every implementation at the course's 10 s.
+
+Also the helpers the other flash modules share: `where` (rows by column values), `first_value`,
+`round_stats` and `low_high` (a min and a max fact).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from cs336_systems.bench.store import REPO_ROOT
 from report import gpu_tests
 from report.figures import new_figure
 from report.registry import register
-from report.results import load_results, markdown_table, provenance_line, source
+from report.results import load_results, with_source
 
 LB_BENCH = "attention/flash_leaderboard"
 LB = dict(batch=16, seq=16384, d=64)  # the leaderboard case
@@ -24,16 +27,44 @@ LB_KEY = "bf16-d64-causal-large"  # its entry in the tuned table (the sweep's bf
 IMPL_NAMES = {"ours": "ours", "cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2 CUDA)",
               "flex": "flex_attention", "naive": "naive, torch.compile"}
 MODE_WORDS = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
+ALL_TRITON, ALL_GLUON = "Triton forward, Triton backward", "Gluon forward, Gluon backward"
 # Which of our kernels each leaderboard run timed at the leaderboard key: what the tuned table held
 # when that run was made (the commit messages of the results say so). A new run must be added here;
 # the claim flash.every_run_names_its_kernels fails until it is.
 KERNELS_BY_GIT = {
     **dict.fromkeys(["a8e302062c11", "11a4e5b4cfd9", "20201d038c9c", "df107f57b502", "ea5a58f90003",
-                     "fa876024134e", "793db780cbec", "ad91fb53dbbf"], "Triton forward, Triton backward"),
+                     "fa876024134e", "793db780cbec", "ad91fb53dbbf"], ALL_TRITON),
     **dict.fromkeys(["6e43da17bb07", "b1c97d801eb9", "5fca10db0bce"], "Triton forward, Gluon backward"),
-    "046bb7a0ebb2": "Gluon forward, Gluon backward",
+    "046bb7a0ebb2": ALL_GLUON,
 }
-ALL_TRITON = "Triton forward, Triton backward"
+GLUON_LOG = "nvidia-h200-gluon-kernels.log"  # the Gluon kernels' own GPU test log
+ERRORS = ("o", "dq", "dk", "dv")  # the outputs and gradients whose relative error each row records
+
+
+def where(df: pd.DataFrame, **equal) -> pd.DataFrame:
+    """The rows whose columns hold the values given (column names as keywords)."""
+    for column, value in equal.items():
+        df = df[df[column] == value]
+    return df
+
+
+def first_value(rows: pd.DataFrame, column: str, missing: str) -> float:
+    """The column's value in the first row; a KeyError saying `missing` where there is no row."""
+    if rows.empty:
+        raise KeyError(missing)
+    return float(rows[column].iloc[0])
+
+
+def round_stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Median, min and max ms over a run's interleaved rounds, and how many rounds, one row per keys."""
+    return df.groupby(keys, as_index=False).agg(median_ms=("ms", "median"), min_ms=("ms", "min"),
+                                                max_ms=("ms", "max"), rounds=("ms", "size"))
+
+
+def low_high(name: str, values, fmt: str = ".2f") -> dict:
+    """Two facts: `name` with {} as "min" and as "max", the smallest and the largest of values()."""
+    return {name.format("min"): lambda: format(values().min(), fmt),
+            name.format("max"): lambda: format(values().max(), fmt)}
 
 
 def leaderboard_rows() -> pd.DataFrame:
@@ -48,6 +79,11 @@ def headline_run(df: pd.DataFrame) -> str:
     return max(full_rep or complete or list(df.run))
 
 
+def headline_rows() -> pd.DataFrame:
+    df = leaderboard_rows()
+    return df[df.run == headline_run(df)]
+
+
 def per_run(mode: str, col: str = "mean_ms") -> pd.DataFrame:
     """run -> one column per implementation (runs in time order), plus `git` and `kernels`."""
     df = leaderboard_rows()
@@ -56,14 +92,34 @@ def per_run(mode: str, col: str = "mean_ms") -> pd.DataFrame:
     return t.assign(git=git, kernels=git.map(KERNELS_BY_GIT)).sort_index()
 
 
+def run_speedups() -> pd.Series:
+    """cuDNN's forward+backward time over ours, per run in time order (above 1: ours is faster)."""
+    t = per_run("fwd_bwd")
+    return t.cudnn / t.ours
+
+
 def lb(impl: str, mode: str, col: str = "mean_ms", run: str | None = None) -> float:
     """One number of a run (the headline run by default)."""
     df = leaderboard_rows()
     run = run or headline_run(df)
-    hit = df[(df.run == run) & (df.impl == impl) & (df["mode"] == mode)]
-    if hit.empty:
-        raise KeyError(f"no leaderboard row for impl={impl!r} mode={mode!r} in run {run}")
-    return float(hit[col].iloc[0])
+    return first_value(where(df, run=run, impl=impl, mode=mode), col,
+                       f"no leaderboard row for impl={impl!r} mode={mode!r} in run {run}")
+
+
+def backward_ms(impl: str, run: str | None = None) -> float:
+    """Forward+backward minus forward: the backward's share of the step, mean ms."""
+    return lb(impl, "fwd_bwd", run=run) - lb(impl, "fwd", run=run)
+
+
+def fwd_margin() -> float:
+    """How far our forward is from cuDNN's in the headline run, as a fraction of cuDNN's."""
+    return abs(lb("ours", "fwd") / lb("cudnn", "fwd") - 1)
+
+
+def cudnn_fwd_spread() -> float:
+    """cuDNN's slowest forward over its fastest, across the runs, less 1: the runs' noise."""
+    cudnn = per_run("fwd").cudnn
+    return cudnn.max() / cudnn.min() - 1
 
 
 def best_run(kernels: str = ALL_TRITON) -> str:
@@ -72,24 +128,25 @@ def best_run(kernels: str = ALL_TRITON) -> str:
     return str(t[t.kernels == kernels].ours.idxmin())
 
 
-def newest_run_with_forward(kernel: str) -> str:
+def runs_with_forward(kernel: str) -> pd.DataFrame:
+    """per_run("fwd") of the runs whose forward was `kernel`'s (Triton or Gluon)."""
     t = per_run("fwd")
-    return str(t[t.kernels.str.startswith(f"{kernel} forward")].index.max())
+    return t[t.kernels.str.startswith(f"{kernel} forward")]
+
+
+def in_words(rows: pd.DataFrame) -> pd.DataFrame:
+    """Leaderboard rows with implementation and mode in words, forward+backward first, fastest first."""
+    return rows.assign(implementation=rows.impl.map(IMPL_NAMES), mode=rows["mode"].map(MODE_WORDS)).sort_values(
+        ["mode", "mean_ms"], ascending=[False, True])
 
 
 def leaderboard_table() -> str:
     """The headline run: every implementation, both modes."""
-    df = leaderboard_rows()
-    run = df[df.run == headline_run(df)].copy()
-    run["implementation"] = run.impl.map(IMPL_NAMES)
-    run["mode"] = run["mode"].map(MODE_WORDS)
-    run = run.sort_values(["mode", "mean_ms"], ascending=[False, True])
+    run = in_words(headline_rows())
     shown = run[["mode", "implementation", "mean_ms", "median_ms", "tflops", "speed_vs_cudnn"]].rename(
-        columns={"mean_ms": "mean ms", "median_ms": "median ms", "tflops": "TFLOP/s",
-                 "speed_vs_cudnn": "speed vs cuDNN"})
-    return (markdown_table(shown, formats={"mean ms": ".3f", "median ms": ".3f", "TFLOP/s": ".0f",
-                                           "speed vs cuDNN": ".3f"})
-            + "\n\n" + provenance_line(run, source(LB_BENCH)))
+        columns={"mean_ms": "mean ms", "median_ms": "median ms", "tflops": "TFLOP/s", "speed_vs_cudnn": "speed vs cuDNN"})
+    return with_source(shown, LB_BENCH, run, formats={"mean ms": ".3f", "median ms": ".3f", "TFLOP/s": ".0f",
+                                                      "speed vs cuDNN": ".3f"})
 
 
 def history_table() -> str:
@@ -101,19 +158,18 @@ def history_table() -> str:
         "ours fwd+bwd ms": fb.ours, "cuDNN fwd+bwd ms": fb.cudnn, "speed vs cuDNN": fb.cudnn / fb.ours,
         "ours fwd ms": fw.ours, "cuDNN fwd ms": fw.cudnn, "fwd speed vs cuDNN": fw.cudnn / fw.ours,
         "rep s": rep.reindex(fb.index)})
-    return (markdown_table(shown, formats={c: ".3f" for c in shown.columns if "ms" in c or "speed" in c} | {"rep s": "g"})
-            + "\n\n" + provenance_line(load_results(LB_BENCH), source(LB_BENCH)))
+    return with_source(shown, LB_BENCH, formats={c: ".3f" for c in shown.columns if "ms" in c or "speed" in c}
+                       | {"rep s": "g"})
 
 
 def leaderboard_figure():
     """The headline run as bars: mean ms per implementation, forward+backward and forward."""
-    df = leaderboard_rows()
-    run = df[df.run == headline_run(df)]
+    run = headline_rows()
     impls = [i for i in IMPL_NAMES if i in set(run.impl)]
     fig, ax = new_figure(6.5, 2.8)
     width = 0.38
     for j, mode in enumerate(("fwd_bwd", "fwd")):
-        ms = [float(run[(run.impl == i) & (run["mode"] == mode)].mean_ms.min()) for i in impls]
+        ms = [float(where(run, impl=i, mode=mode).mean_ms.min()) for i in impls]
         ys = [y + j * width for y in range(len(impls))]
         ax.barh(ys, ms, height=width, label=MODE_WORDS[mode])
         for y, value in zip(ys, ms):
@@ -129,34 +185,14 @@ def leaderboard_figure():
     return fig
 
 
-def gpu_test_summary(log: str) -> tuple[str, str]:
-    """(pytest's last summary line, the log's header) of a committed GPU test log, for logs written
-    without -v (the newest runs' per-test outcomes are report/gpu_tests')."""
+def gpu_test_summary(log: str) -> str:
+    """pytest's last summary line in a committed GPU test log written without -v (the newest runs'
+    per-test outcomes are report/gpu_tests')."""
     text = (REPO_ROOT / "results" / "attention" / "flash_gpu_tests" / log).read_text()
-    header = "; ".join(line.lstrip("# ").strip().rstrip(";") for line in text.splitlines()[:2])
     summary = [line.strip("= \n") for line in text.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     # "471 passed, 26 skipped, 163 warnings in 233.29s (0:03:53)" -> "471 passed, 26 skipped":
     # the outcomes; warnings and wall time say nothing about them
-    return re.sub(r"(, \d+ warnings?)? in [\d.]+s.*$", "", summary[-1]), header
-
-
-# -- facts ----------------------------------------------------------------------------------------
-
-def _headline() -> str:
-    return headline_run(leaderboard_rows())
-
-
-def _bwd(impl: str, run: str | None = None) -> float:
-    """Forward+backward minus forward: the backward's share of the step, mean ms."""
-    return lb(impl, "fwd_bwd", run=run) - lb(impl, "fwd", run=run)
-
-
-def _lb_fwd_margin() -> float:
-    return abs(lb("ours", "fwd") / lb("cudnn", "fwd") - 1)
-
-
-def _spread(values: pd.Series) -> float:
-    return values.max() / values.min() - 1
+    return re.sub(r"(, \d+ warnings?)? in [\d.]+s.*$", "", summary[-1])
 
 
 FACTS = {
@@ -166,43 +202,39 @@ FACTS = {
     "lb_ours_fwd_ms": lambda: f'{lb("ours", "fwd"):.3f}',
     "lb_cudnn_fwd_ms": lambda: f'{lb("cudnn", "fwd"):.3f}',
     "lb_fwd_speedup": lambda: f'{lb("cudnn", "fwd") / lb("ours", "fwd"):.3f}',
-    "lb_ours_bwd_ms": lambda: f'{_bwd("ours"):.3f}',
-    "lb_cudnn_bwd_ms": lambda: f'{_bwd("cudnn"):.3f}',
+    "lb_ours_bwd_ms": lambda: f'{backward_ms("ours"):.3f}',
+    "lb_cudnn_bwd_ms": lambda: f'{backward_ms("cudnn"):.3f}',
     "lb_fwd_gap_us": lambda: f'{abs(lb("ours", "fwd") - lb("cudnn", "fwd")) * 1e3:.0f}',
     "lb_flash_ms": lambda: f'{lb("flash", "fwd_bwd"):.2f}',
     "lb_flex_ms": lambda: f'{lb("flex", "fwd_bwd"):.2f}',
     "lb_naive_ms": lambda: f'{lb("naive", "fwd_bwd"):.1f}',
-    **{f"lb_err_{g}": lambda g=g: f'{lb("ours", "fwd_bwd", f"rel_err_{g}"):.1e}' for g in ("o", "dq", "dk", "dv")},
+    **{f"lb_err_{g}": lambda g=g: f'{lb("ours", "fwd_bwd", f"rel_err_{g}"):.1e}' for g in ERRORS},
     "lb_runs": lambda: len(per_run("fwd_bwd")),
-    "lb_runs_ahead": lambda: int((per_run("fwd_bwd").eval("cudnn / ours") >= 1).sum()),
+    "lb_runs_ahead": lambda: int((run_speedups() >= 1).sum()),
     "lb_first_ms": lambda: f'{per_run("fwd_bwd").ours.iloc[0]:.3f}',
-    "lb_first_speedup": lambda: f'{per_run("fwd_bwd").eval("cudnn / ours").iloc[0]:.3f}',
+    "lb_first_speedup": lambda: f"{run_speedups().iloc[0]:.3f}",
     # the fastest run of the course's kernels alone (Triton forward and backward)
     "lb_triton_run": best_run,
     "lb_triton_git": lambda: per_run("fwd_bwd").git[best_run()],
     "lb_triton_ms": lambda: f'{lb("ours", "fwd_bwd", run=best_run()):.3f}',
     "lb_triton_speedup": lambda: f'{lb("cudnn", "fwd_bwd", run=best_run()) / lb("ours", "fwd_bwd", run=best_run()):.3f}',
-    "lb_triton_bwd_ms": lambda: f'{_bwd("ours", best_run()):.3f}',
-    "lb_triton_cudnn_bwd_ms": lambda: f'{_bwd("cudnn", best_run()):.3f}',
+    "lb_triton_bwd_ms": lambda: f'{backward_ms("ours", best_run()):.3f}',
+    "lb_triton_cudnn_bwd_ms": lambda: f'{backward_ms("cudnn", best_run()):.3f}',
     # the newest run with our Triton forward
-    "lb_tfwd_ms": lambda: f'{lb("ours", "fwd", run=newest_run_with_forward("Triton")):.3f}',
-    "lb_tfwd_cudnn_ms": lambda: f'{lb("cudnn", "fwd", run=newest_run_with_forward("Triton")):.3f}',
-    "lb_fwd_margin_pct": lambda: f'{abs(lb("ours", "fwd") / lb("cudnn", "fwd") - 1):.1%}',
-    "lb_cudnn_fwd_spread_pct": lambda: f'{_spread(per_run("fwd").cudnn):.1%}',
-    "lb_cudnn_fwd_min_ms": lambda: f'{per_run("fwd").cudnn.min():.3f}',
-    "lb_cudnn_fwd_max_ms": lambda: f'{per_run("fwd").cudnn.max():.3f}',
+    "lb_tfwd_ms": lambda: f'{lb("ours", "fwd", run=runs_with_forward("Triton").index.max()):.3f}',
+    "lb_tfwd_cudnn_ms": lambda: f'{lb("cudnn", "fwd", run=runs_with_forward("Triton").index.max()):.3f}',
+    "lb_fwd_margin_pct": lambda: f"{fwd_margin():.1%}",
+    "lb_cudnn_fwd_spread_pct": lambda: f"{cudnn_fwd_spread():.1%}",
+    **low_high("lb_cudnn_fwd_{}_ms", lambda: per_run("fwd").cudnn, ".3f"),
     "gpu_tests": lambda: "{PASSED} passed, {SKIPPED} skipped".format(**gpu_tests.counts()),
     "gpu_tests_git": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]),
     "gpu_tests_log": lambda: f"`{(gpu_tests.LOG_DIR / gpu_tests.NEWEST_RUNS[-1]).relative_to(REPO_ROOT)}`",  # as code
-    "gpu_tests_gluon": lambda: gpu_test_summary("nvidia-h200-gluon-kernels.log")[0],
+    "gpu_tests_gluon": lambda: gpu_test_summary(GLUON_LOG),
 }
 
 
-
-
 def _runs_ahead_are_newest_and_gluon() -> bool:
-    t = per_run("fwd_bwd")
-    ahead = (t.cudnn / t.ours) >= 1
+    t, ahead = per_run("fwd_bwd"), run_speedups() >= 1
     n = int(ahead.sum())
     return n >= 1 and ahead.iloc[-n:].all() and t[ahead].kernels.str.contains("Gluon backward").all()
 
@@ -211,7 +243,7 @@ def _gpu_logs_pass() -> bool:
     """No test failed in the newest run (whose time limit cut it: no summary line) nor in the Gluon
     kernels' own log; what the limit cut are teaching-path cases that passed in the last full run."""
     c = gpu_tests.counts()
-    gluon = gpu_test_summary("nvidia-h200-gluon-kernels.log")[0]
+    gluon = gpu_test_summary(GLUON_LOG)
     cut = {t.split("[")[0] for t in gpu_tests.outcomes().query("outcome == 'UNFINISHED'").test}
     before = gpu_tests.outcomes((gpu_tests.PREVIOUS_FULL_RUN,))
     cut_before = before[before.test.str.split("[").str[0].isin(gpu_tests.TEACHING_PATH_CUT)]
@@ -224,18 +256,17 @@ register("flash", facts=FACTS, tables={"leaderboard": leaderboard_table, "histor
          figures={"leaderboard": leaderboard_figure}, claims={
     "every_run_names_its_kernels": lambda: set(leaderboard_rows().git) <= set(KERNELS_BY_GIT),
     "ours_at_least_cudnns_speed": lambda: lb("ours", "fwd_bwd") < lb("cudnn", "fwd_bwd") and lb("ours", "fwd") <= lb("cudnn", "fwd"),
-    "headline_run_is_all_gluon": lambda: per_run("fwd_bwd").kernels[_headline()] == "Gluon forward, Gluon backward",
-    "triton_alone_stays_below_cudnn": lambda: (lambda t: (t.cudnn / t.ours < 1).all())(per_run("fwd_bwd").query("kernels == @ALL_TRITON")),
-    "difference_is_the_backward": lambda: abs(_bwd("ours") - _bwd("cudnn")) > abs(lb("ours", "fwd") - lb("cudnn", "fwd")),
-    "forwards_are_level": lambda: abs(lb("ours", "fwd") / lb("cudnn", "fwd") - 1) < _spread(per_run("fwd").cudnn) < 0.03,
+    "headline_run_is_all_gluon": lambda: per_run("fwd_bwd").kernels[headline_run(leaderboard_rows())] == ALL_GLUON,
+    "triton_alone_stays_below_cudnn": lambda: (run_speedups()[per_run("fwd_bwd").kernels == ALL_TRITON] < 1).all(),
+    "difference_is_the_backward": lambda: abs(backward_ms("ours") - backward_ms("cudnn")) > abs(lb("ours", "fwd") - lb("cudnn", "fwd")),
+    "forwards_are_level": lambda: fwd_margin() < cudnn_fwd_spread() < 0.03,
     "runs_at_cudnns_speed_are_newest_and_gluon": _runs_ahead_are_newest_and_gluon,
     "we_pass_the_others": lambda: all(lb("ours", "fwd_bwd") < lb(i, "fwd_bwd") for i in ("flash", "flex", "naive")),
     # bf16 keeps 8 significant bits: one rounding is up to 2^-8 relative, two kernels that each round
     # their outputs once differ by at most about twice that
-    "errors_are_bf16_rounding": lambda: all(lb("ours", "fwd_bwd", f"rel_err_{g}") < 2 * 2**-8 for g in ("o", "dq", "dk", "dv")),
+    "errors_are_bf16_rounding": lambda: all(lb("ours", "fwd_bwd", f"rel_err_{g}") < 2 * 2**-8 for g in ERRORS),
     "gpu_tests_pass": _gpu_logs_pass,
     # the predictions written before the first run: forward about 1.5 ms, forward+backward 6.5 ms
     "predictions_were_pessimistic": lambda: per_run("fwd").ours.max() < 1.5 and per_run("fwd_bwd").ours.max() < 6.5,
-    "gluon_forward_beats_triton_forward": lambda: (lambda f: f[f.kernels.str.startswith("Gluon forward")].ours.max()
-                                                   < f[f.kernels.str.startswith("Triton forward")].ours.min())(per_run("fwd")),
+    "gluon_forward_beats_triton_forward": lambda: runs_with_forward("Gluon").ours.max() < runs_with_forward("Triton").ours.min(),
 })

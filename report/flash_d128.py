@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .flash import where
 from .registry import register
 from .results import load_results, markdown_table, provenance_line
 
@@ -26,54 +27,46 @@ VERSIONS = (
     ("the programs of one head run together (both kernels)", PROBE, "20261201T161804",
      "gluon_ws nw2 bn128 st3 g1", "gluon_bwd128 st2 sl1 g1"),
 )
+FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED = (v[0] for v in VERSIONS[2:7])
 
 
 def _rows(bench: str, run: str) -> pd.DataFrame:
-    df = load_results(bench, status="ok")
-    df = df[(df.run == run)]
-    for k, v in STEP.items():
-        df = df[df[k] == v]
-    return df
+    return where(load_results(bench, status="ok"), run=run, **STEP)
 
 
 def _median(bench: str, run: str, impl: str, part: str) -> float:
     """Median ms of one implementation's `part` ("fwd", "bwd", "fwd+bwd") in one run."""
     df = _rows(bench, run)
     if bench == PROBE:
-        hit = df[(df.impl == impl) & (df["pass"] == part)]
+        hit = where(df, impl=impl, **{"pass": part})
     elif impl.startswith("cudnn"):
-        hit = df[df.impl == ("cudnn fwd" if part == "fwd" else "cudnn fwd+bwd")]
+        hit = where(df, impl="cudnn fwd" if part == "fwd" else "cudnn fwd+bwd")
     else:  # "VERSION stS slL": a version of the Gluon backward
         version, stages, slots = impl.split()
-        hit = df[(df.impl == "gluon bwd128") & (df.version == version) & (df.stages == int(stages[2:]))
-                 & (df.slots == int(slots[2:]))]
+        hit = where(df, impl="gluon bwd128", version=version, stages=int(stages[2:]), slots=int(slots[2:]))
     if hit.empty:
         raise ValueError(f"{bench}: no {impl} {part} rows in run {run}")
     return float(hit.ms.median())
 
 
-def cudnn_ms(bench: str, run: str) -> tuple[float, float]:
-    """cuDNN's forward and backward (forward+backward less forward) in the same run."""
-    fwd = _median(bench, run, "cudnn", "fwd")
-    return fwd, _median(bench, run, "cudnn", "fwd+bwd") - fwd
-
-
 def versions() -> pd.DataFrame:
-    """Per version: our forward and backward ms and each against cuDNN's in the same run."""
+    """Per version (index: what changed): our forward and backward ms and each against cuDNN's in the
+    same run (cuDNN's backward: its forward+backward less its forward)."""
     out = []
     for what, bench, run, fwd, bwd in VERSIONS:
-        c_fwd, c_bwd = cudnn_ms(bench, run)
+        c_fwd = _median(bench, run, "cudnn", "fwd")
+        c_bwd = _median(bench, run, "cudnn", "fwd+bwd") - c_fwd
         f = _median(bench, run, fwd, "fwd") if fwd else float("nan")
         b = _median(bench, run, bwd, "bwd") if bwd else float("nan")
         out.append({"change": what, "forward ms": f, "forward vs cuDNN": c_fwd / f, "backward ms": b,
                     "backward vs cuDNN": c_bwd / b, "git": _rows(bench, run).git.iloc[0]})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out).set_index("change")
 
 
 def versions_table() -> str:
-    v = versions()
-    shown = v.drop(columns="git").copy()
-    for col in shown.columns[1:]:
+    v = versions().drop(columns="git")
+    shown = v.reset_index()
+    for col in v.columns:
         shown[col] = [("—" if pd.isna(x) else f"{x:.1f}" if "ms" in col else f"{x:.2f}x") for x in v[col]]
     used = pd.concat([_rows(bench, run) for _, bench, run, _, _ in VERSIONS])
     return (markdown_table(shown) + "\n\n" + provenance_line(used, "results/attention/d128_probe, ab_bwd128")
@@ -81,11 +74,15 @@ def versions_table() -> str:
             " forward+backward less forward). — : that kernel was not timed again in that run.*")
 
 
-def _step(name: str) -> pd.Series:
-    return versions().set_index("change").loc[name]
+def _step(name: str, col: str = "backward ms") -> float:
+    return versions().loc[name, col]
 
 
-FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED = (v[0] for v in VERSIONS[2:7])
+def _dq_share() -> float:
+    """dQ's share of the backward: what the backward without dQ at all saves (the same run)."""
+    return 1 - _step(NO_DQ) / _step(AGAIN)
+
+
 def _gluon_triton() -> str:
     from cs336_systems.attention.fast.gluon.requirements import GLUON_TRITON
 
@@ -94,18 +91,16 @@ def _gluon_triton() -> str:
 
 register("flash", facts={
     "gluon_triton": _gluon_triton,
-    "d128_first_bwd_ms": lambda: f"{_step(FIRST_BWD)['backward ms']:.1f}",
-    "d128_grouped_bwd_ms": lambda: f"{_step(GROUPED)['backward ms']:.1f}",
-    "d128_dq_share": lambda: f"{1 - _step(NO_DQ)['backward ms'] / _step(AGAIN)['backward ms']:.0%}",
-    "d128_grouped_fwd_ratio": lambda: f"{_step(GROUPED)['forward vs cuDNN']:.2f}",
-    "d128_grouped_bwd_ratio": lambda: f"{_step(GROUPED)['backward vs cuDNN']:.2f}",
+    "d128_first_bwd_ms": lambda: f"{_step(FIRST_BWD):.1f}",
+    "d128_grouped_bwd_ms": lambda: f"{_step(GROUPED):.1f}",
+    "d128_dq_share": lambda: f"{_dq_share():.0%}",
+    "d128_grouped_fwd_ratio": lambda: f"{_step(GROUPED, 'forward vs cuDNN'):.2f}",
+    "d128_grouped_bwd_ratio": lambda: f"{_step(GROUPED, 'backward vs cuDNN'):.2f}",
 }, tables={"d128_versions": versions_table}, claims={
     # dQ (its matmul and its adds, each a real part of it) is over a quarter of the backward;
     # grouping the heads cut the backward by over 5% and took the forward to at least cuDNN's
     # speed; the backward stays behind
-    "d128_dq_is_over_a_quarter": lambda: (1 - _step(NO_DQ)["backward ms"] / _step(AGAIN)["backward ms"] > 0.25
-                                          and _step(AGAIN)["backward ms"] > _step(NO_ADDS)["backward ms"]
-                                          > _step(NO_DQ)["backward ms"]),
-    "d128_grouping_helped_both": lambda: (_step(GROUPED)["backward ms"] < 0.95 * _step(FIRST_BWD)["backward ms"]
-                                          and _step(GROUPED)["forward vs cuDNN"] >= 1.0 > _step(GROUPED)["backward vs cuDNN"]),
+    "d128_dq_is_over_a_quarter": lambda: _dq_share() > 0.25 and _step(AGAIN) > _step(NO_ADDS) > _step(NO_DQ),
+    "d128_grouping_helped_both": lambda: (_step(GROUPED) < 0.95 * _step(FIRST_BWD)
+                                          and _step(GROUPED, "forward vs cuDNN") >= 1.0 > _step(GROUPED, "backward vs cuDNN")),
 })

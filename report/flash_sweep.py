@@ -9,10 +9,12 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from cs336_systems.attention.fast.tuned_configs import TUNED
+from report import flash
 from report.figures import plt  # the site's figure backend (Agg), set before anything draws
-from report.flash import MODE_WORDS, _lb_fwd_margin
+from report.flash import MODE_WORDS, first_value, fwd_margin, low_high, where
 from report.registry import register
-from report.results import load_results, markdown_table, newest, provenance_line, source
+from report.results import load_results, markdown_table, newest, with_source
 
 SWEEP_BENCH = "attention/flash_sweep"
 SWEEP_NAMES = {"triton": "ours Triton", "pytorch": "ours PyTorch", "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}
@@ -43,16 +45,15 @@ def sweep_table(dtype: str, mode: str) -> str:
     impls = [i for i in SWEEP_NAMES if i in set(df.impl)]
     rows = [{"d": d, "seq": n, **{SWEEP_NAMES[i]: cells.get((d, n, i), "not run") for i in impls}}
             for d in sorted(set(df.d)) for n in sorted(set(df.seq))]
-    return markdown_table(pd.DataFrame(rows), formats={"d": "d", "seq": ","}) + "\n\n" + provenance_line(df, source(SWEEP_BENCH))
+    return with_source(pd.DataFrame(rows), SWEEP_BENCH, df, formats={"d": "d", "seq": ","})
+
+
+def _cell(impl: str, dtype: str, d: int, seq: int, mode: str) -> pd.DataFrame:
+    return where(sweep_rows(), impl=impl, dtype=dtype, d=d, seq=seq, mode=mode, status="ok")
 
 
 def _ms(impl: str, dtype: str, d: int, seq: int, mode: str) -> float:
-    df = sweep_rows()
-    hit = df[(df.impl == impl) & (df.dtype == dtype) & (df.d == d) & (df.seq == seq) & (df["mode"] == mode)
-             & (df.status == "ok")]
-    if hit.empty:
-        raise KeyError(f"no measured sweep cell {impl} {dtype} d={d} seq={seq} {mode}")
-    return float(hit.ms.iloc[0])
+    return first_value(_cell(impl, dtype, d, seq, mode), "ms", f"no measured sweep cell {impl} {dtype} d={d} seq={seq} {mode}")
 
 
 def speed_vs_cudnn(d: int, mode: str, seq: int = LARGEST) -> float:
@@ -126,9 +127,7 @@ def sweep_figure(dtype: str) -> plt.Figure:
 def _peak_gib(impl: str, dtype: str) -> float:
     """Peak allocated at d = 64 and the largest n, forward+backward: GiB (the sweep's `peak_mem_gb`
     column divides bytes by 2**30)."""
-    df = sweep_rows()
-    hit = df[(df.impl == impl) & (df.dtype == dtype) & (df.d == 64) & (df.seq == LARGEST) & (df["mode"] == "fwd_bwd")]
-    return float(hit.peak_mem_gb.iloc[0])
+    return float(_cell(impl, dtype, 64, LARGEST, "fwd_bwd").peak_mem_gb.iloc[0])
 
 
 def _vs_naive(dtype: str, seq: int, d: int = 64, mode: str = "fwd_bwd") -> float:
@@ -136,33 +135,29 @@ def _vs_naive(dtype: str, seq: int, d: int = 64, mode: str = "fwd_bwd") -> float
     return _ms("naive", dtype, d, seq, mode) / _ms("triton", dtype, d, seq, mode)
 
 
-def _ours_fwd_bwd_small() -> pd.Series:
-    return small_cells()["triton"].xs("fwd_bwd", level="mode")
-
+_fp32_d128_over_d16 = lambda impl: _ms(impl, "fp32", 128, LARGEST, "fwd") / _ms(impl, "fp32", 16, LARGEST, "fwd")
+_small_fastest = lambda: fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND]
+_ours_fwd_bwd_small = lambda: small_cells()["triton"].xs("fwd_bwd", level="mode")
 
 FACTS = {
     "sweep_small_min_ms": lambda: f"{small_cells().min().min():.2f}",
     "sweep_small_max_ms": lambda: f"{small_cells().max().max():.2f}",
-    "sweep_small_cells": lambda: len(fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND]),
-    "sweep_small_cudnn_fastest": lambda: int((fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND] == "sdpa").sum()),
+    "sweep_small_cells": lambda: len(_small_fastest()),
+    "sweep_small_cudnn_fastest": lambda: int((_small_fastest() == "sdpa").sum()),
     "sweep_small_naive_beats_ours": lambda: int((small_cells().naive < small_cells().triton).sum()),
-    "sweep_ours_small_min_ms": lambda: f"{_ours_fwd_bwd_small().min():.2f}",
-    "sweep_ours_small_max_ms": lambda: f"{_ours_fwd_bwd_small().max():.2f}",
+    **low_high("sweep_ours_small_{}_ms", _ours_fwd_bwd_small),
     **{f"sweep_ours_d64_{n // 1024}k_ms": lambda n=n: f'{_ms("triton", "bf16", 64, n, "fwd_bwd"):.2f}'
        for n in (8192, 16384, 32768, 65536)},
     "sweep_vs_cudnn_d64_fwd": lambda: f"{speed_vs_cudnn(64, 'fwd'):.2f}",
-    "sweep_ours_tflops_d64_fwd": lambda: format(sweep_rows().query(
-        "impl == 'triton' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
-    "sweep_cudnn_tflops_d64_fwd": lambda: format(sweep_rows().query(
-        "impl == 'sdpa' and dtype == 'bf16' and d == 64 and seq == @LARGEST and mode == 'fwd'").tflops.iloc[0], ".0f"),
+    "sweep_ours_tflops_d64_fwd": lambda: f'{_cell("triton", "bf16", 64, LARGEST, "fwd").tflops.iloc[0]:.0f}',
+    "sweep_cudnn_tflops_d64_fwd": lambda: f'{_cell("sdpa", "bf16", 64, LARGEST, "fwd").tflops.iloc[0]:.0f}',
     **{f"sweep_vs_naive_bf16_{n // 1024}k": lambda n=n: f'{_vs_naive("bf16", n):.1f}' for n in (16384, 65536)},
     **{f"sweep_vs_naive_fp32_{n // 1024}k": lambda n=n: f'{_vs_naive("fp32", n):.2f}' for n in (16384, 65536)},
     "sweep_vs_naive_fp32_d128_64k": lambda: f'{_vs_naive("fp32", LARGEST, d=128):.2f}',
     "sweep_vs_naive_fp32_d16_64k": lambda: f'{_vs_naive("fp32", LARGEST, d=16):.1f}',
-    **{f"sweep_{name}_fp32_fwd_d128_over_d16": lambda i=impl: f'{_ms(i, "fp32", 128, LARGEST, "fwd") / _ms(i, "fp32", 16, LARGEST, "fwd"):.1f}'
-       for impl, name in (("naive", "naive"), ("triton", "ours"))},
-    **{f"sweep_fp32_d64_{m}_vs_naive": lambda m=m: f'{_vs_naive("fp32", LARGEST, mode=m):.2f}'
-       for m in ("fwd", "bwd")},
+    "sweep_naive_fp32_fwd_d128_over_d16": lambda: f'{_fp32_d128_over_d16("naive"):.1f}',
+    "sweep_ours_fp32_fwd_d128_over_d16": lambda: f'{_fp32_d128_over_d16("triton"):.1f}',
+    **{f"sweep_fp32_d64_{m}_vs_naive": lambda m=m: f'{_vs_naive("fp32", LARGEST, mode=m):.2f}' for m in ("fwd", "bwd")},
     "sweep_mem_naive_fp32_gib": lambda: f'{_peak_gib("naive", "fp32"):.0f}',
     "sweep_mem_ours_fp32_gib": lambda: f'{_peak_gib("triton", "fp32"):.2f}',
     "sweep_oom_cells": lambda: int((sweep_rows().status == "oom").sum()),
@@ -174,18 +169,18 @@ FACTS = {
 
 def _vs_cudnn_falls_with_d() -> bool:
     """Faster than cuDNN at d = 16, 32, 64, slower at 128, the margin shrinking as d grows."""
-    for mode in MODE_WORDS:
-        r = [speed_vs_cudnn(d, mode) for d in DIMS]
-        if not (min(r[:3]) > 1 > r[3] and r == sorted(r, reverse=True)):
-            return False
-    return True
+    speeds = [[speed_vs_cudnn(d, mode) for d in DIMS] for mode in MODE_WORDS]
+    return all(min(r[:3]) > 1 > r[3] and r == sorted(r, reverse=True) for r in speeds)
+
+
+def _fp32_margin_shrinks_with_d() -> bool:
+    v = [_vs_naive("fp32", LARGEST, d=d) for d in DIMS]
+    return v == sorted(v, reverse=True) and v[0] > 2 > 1 > v[-1]
 
 
 def _fp32_tuned_at_16k() -> bool:
     """Every fp32 key of the table is a medium key whose tuning rows took true fp32 products at
     16,384 positions; no other fp32 size class; our fp32 cells were timed after that tuning."""
-    from cs336_systems.attention.fast.tuned_configs import TUNED
-
     tune = load_results("attention/flash_tune")
     fp32 = tune[tune.key.str.startswith("fp32") & (tune.get("fp32_dots") == "ieee")]
     ours = sweep_rows().query("impl == 'triton' and dtype == 'fp32'")
@@ -195,16 +190,12 @@ def _fp32_tuned_at_16k() -> bool:
 
 
 def _lb_key_cells_ran_gluon() -> bool:
-    from report.flash import KERNELS_BY_GIT, leaderboard_rows
-
+    """The sweep's cells at the leaderboard key were timed after the first leaderboard run of the Gluon kernels."""
     rows = sweep_rows().query("impl == 'triton' and dtype == 'bf16' and d == 64 and seq == @LARGEST")
-    lb = leaderboard_rows()
-    first = lb[lb.git.map(KERNELS_BY_GIT) == "Gluon forward, Gluon backward"].time_utc.min()
+    lb = flash.leaderboard_rows()
+    first = lb[lb.git.map(flash.KERNELS_BY_GIT) == flash.ALL_GLUON].time_utc.min()
     return pd.to_datetime(rows.time_utc, utc=True).min() >= pd.to_datetime(first, utc=True)
 
-
-_small_fastest = lambda: fastest()[fastest().index.get_level_values("seq") <= OVERHEAD_BOUND]
-_fp32_ratio = lambda impl: _ms(impl, "fp32", 128, LARGEST, "fwd") / _ms(impl, "fp32", 16, LARGEST, "fwd")
 
 register("flash", facts=FACTS, tables={
     "vs_cudnn": vs_cudnn_table, "sweep_code": code_table,
@@ -218,14 +209,13 @@ register("flash", facts=FACTS, tables={
                                                 for n in (8192, 16384, 32768))
     and _ms("triton", "bf16", 64, LARGEST, "fwd_bwd") > _ours_fwd_bwd_small().max(),
     "faster_than_cudnn_up_to_d64": _vs_cudnn_falls_with_d,
-    "sweep_forward_margin_is_wider": lambda: speed_vs_cudnn(64, "fwd") - 1 > _lb_fwd_margin(),
+    "sweep_forward_margin_is_wider": lambda: speed_vs_cudnn(64, "fwd") - 1 > fwd_margin(),
     "bf16_clear_fp32_barely": lambda: all(_vs_naive("bf16", n) > 2 and 1 < _vs_naive("fp32", n) < 1.2  # under 20%
                                           and _vs_naive("fp32", n, d=128) < 1 for n in (16384, LARGEST)),
     "fp32_needs_less_memory": lambda: _peak_gib("triton", "fp32") < _peak_gib("naive", "fp32"),
-    "fp32_margin_shrinks_with_d": lambda: (lambda v: v == sorted(v, reverse=True) and v[0] > 2 > 1 > v[-1])(
-        [_vs_naive("fp32", LARGEST, d=d) for d in DIMS]),
+    "fp32_margin_shrinks_with_d": _fp32_margin_shrinks_with_d,
     "fp32_near_tie_hides_a_split": lambda: _vs_naive("fp32", LARGEST, mode="fwd") > 1 > _vs_naive("fp32", LARGEST, mode="bwd"),
-    "fp32_plain_flat_in_d_ours_grows": lambda: _fp32_ratio("naive") < 1.5 and _fp32_ratio("triton") > 8,
+    "fp32_plain_flat_in_d_ours_grows": lambda: _fp32_d128_over_d16("naive") < 1.5 and _fp32_d128_over_d16("triton") > 8,
     "fp32_backward_crosses_over_first": lambda: _vs_naive("fp32", LARGEST, d=32, mode="bwd") > 1 > _vs_naive("fp32", LARGEST, d=64, mode="bwd")
     and _vs_naive("fp32", LARGEST, d=64, mode="fwd") > 1 > _vs_naive("fp32", LARGEST, d=128, mode="fwd"),
     "fp32_tiles_tuned_at_16384": _fp32_tuned_at_16k,
