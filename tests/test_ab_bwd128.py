@@ -25,6 +25,15 @@ def test_red2_gives_each_warpgroup_two_staging_buffers_and_waits_for_the_older()
     assert "tma.store_wait(1)" in edited and "red.index(2 * W + (i & 1))" in edited
 
 
+def test_dq_next_adds_each_tiles_dq_once_after_the_next_tiles_scores():
+    edited = ab_bwd128.variant_source("dq_next", SOURCE)
+    tiles = edited[edited.index("def _tiles"):edited.index("return dk, dv")]
+    # the previous tile's adds (in the loop, behind S^T) and the last tile's (after it)
+    assert tiles.count("_tma_reduce_add(") == 2
+    assert "row_q + (i - 1) * BM" in tiles and "row_q + (i1 - 1) * BM" in tiles
+    assert tiles.index("sT = hopper.warpgroup_mma(") < tiles.index("if i > i0:") < tiles.index("dpT = hopper.warpgroup_mma(")
+
+
 def test_an_unknown_version_or_a_missing_line_is_refused():
     with pytest.raises(ValueError, match="unknown version"):
         ab_bwd128.variant_source("nope", SOURCE)

@@ -52,8 +52,29 @@ REDUCE2 = ("        tma.store_wait(1)  # tile i - 2's reduction has read this ti
            "        fence_async_shared()\n"
            "        gl.thread_barrier()\n"
            "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red_i)\n")
+# dq_next: tile i's dQ matmul stays in flight while tile i + 1's S^T is issued, and is added into
+# dQ only then, before dP^T is issued (the dQ matmul and the adds are about 14 ms of 48 at the 8B
+# step's cell: the no_dq ablation). Behind S^T and dP^T both, dQ's 32 accumulator registers beside
+# theirs spilled (514 SASS spill ops against 185, offline compile, causal, stages 2, slots 1).
+DQ_CARRIED = ("    dtype: gl.constexpr = k_w.dtype\n"
+              "    for i in range(i0, i1):\n")
+AFTER_DPT = ("        dpT = hopper.warpgroup_mma(v_w, do.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,\n"
+             "                                   is_async=True)\n")
+DQ_TAIL = DQ_MMA + ("        mbarrier.arrive(ds_free.index(t), count=1)\n") + REDUCE
+
+
+def _dq_adds(tile: str, indent: str) -> str:
+    """Wait for the dQ matmul in flight (of `tile`), free its dS^T slot, add it into dQ."""
+    lines = [f"dq_sum = hopper.warpgroup_mma_wait({'1' if tile == 'i - 1' else '0'}, deps=[dq])",
+             f"mbarrier.arrive(ds_free.index(({tile}) % SLOTS), count=1)",
+             "tma.store_wait(0)", "gl.thread_barrier()", "red.store(dq_sum * sm_scale)", "fence_async_shared()",
+             "gl.thread_barrier()", f"_tma_reduce_add(dq_desc, [row_q + ({tile}) * BM, 64 * W], red)"]
+    return "".join(indent + line + "\n" for line in lines)
+
+
 VERSIONS = {
     "full": "the kernel as committed",
+    "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
     "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
@@ -72,7 +93,8 @@ def variant_source(name: str, source: str) -> str:
             source = variant_source(part, source)
         return source
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
-             "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK, REDUCE)}.get(name, ())
+             "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK, REDUCE),
+             "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
             raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
@@ -84,6 +106,13 @@ def variant_source(name: str, source: str) -> str:
                     "        mbarrier.arrive(ld_empty.index(s), count=1)\n")
         moved = source.replace(WAIT_DKDV, "").replace(DQ_MMA, mma + wait_all)
         return moved
+    if name == "dq_next":
+        carried = DQ_CARRIED.replace("    for i", "    # the dQ matmul in flight across iterations (an accumulator, as the loop carries it)\n"
+                                     "    dq = hopper.warpgroup_mma_init(gl.zeros([BM, 64], gl.float32, q_l))\n    for i")
+        previous = ("        if i > i0:  # the previous tile's dQ ran behind this tile's S^T\n"
+                    + _dq_adds("i - 1", "            "))
+        last = DQ_MMA.splitlines()[0] + "\n    if i1 > i0:  # the last tile's dQ\n" + _dq_adds("i1 - 1", "        ")
+        return source.replace(DQ_CARRIED, carried).replace(AFTER_DPT, previous + AFTER_DPT).replace(DQ_TAIL, last)
     if name == "red2":
         return (source.replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n")
