@@ -72,17 +72,19 @@ def full_stock_ms() -> float:
 
 # -- the profile ----------------------------------------------------------------------------------
 
+def _profiled() -> pd.DataFrame:
+    return _one_gpu(load_results(step_profile.BENCH, status="ok")).sort_values("time_utc", kind="stable")
+
+
 def profile_rows() -> pd.DataFrame:
     """The newest run that profiled both variants at one GPU's share: a row per variant and category."""
-    df = _one_gpu(load_results(step_profile.BENCH, status="ok")).sort_values("time_utc", kind="stable")
-    return _newest_run_of_both(df)
+    return _newest_run_of_both(_profiled())
 
 
-def first_profile_ms() -> pd.DataFrame:
-    """The first profiled run of both variants (its categories predate bwd128_ws_kernel's name rule)."""
-    df = _one_gpu(load_results(step_profile.BENCH, status="ok")).sort_values("time_utc", kind="stable")
-    first = df[df.run_id == df.run_id.iloc[0]]
-    return first.pivot(index="category", columns="variant", values="ms")
+def first_profile() -> pd.DataFrame:
+    """The first profiled run (its categories predate the rule for bwd128_ws_kernel's name)."""
+    df = _profiled()
+    return df[df.run_id == df.run_id.iloc[0]]
 
 
 def profile_ms() -> pd.DataFrame:
@@ -109,6 +111,11 @@ def profile_table() -> str:
             + f" *One step under `torch.profiler` per variant, both at the plan `{' / '.join(sorted(plans))}`, "
               "kernel time by category (`training_step/breakdown.py`); the categories add up to the step's wall "
               "time when no two kernels overlap.*")
+
+
+def _first_ours(category: str) -> float:
+    rows = first_profile()
+    return float(rows[(rows.variant == "ours") & (rows.category == category)].ms.iloc[0])
 
 
 def _delta(category: str) -> float:
@@ -176,8 +183,8 @@ FACTS = {
     "prof_attention_share": lambda: f'{profile_ms().loc[["attention forward", "attention backward"], "stock"].sum() / profile_wall_ms("stock"):.0%}',
     "prof_idle_ms": lambda: f'{profile_ms().loc["idle"].max():.0f}',
     "gap_per_layer_ms": lambda: f'{(best("ours").step_ms - best("stock").step_ms) / CFG.num_layers:.1f}',
-    "first_profile_git": lambda: _one_gpu(load_results(step_profile.BENCH, status="ok")).sort_values("time_utc").git.iloc[0],
-    "first_profile_elementwise_ms": lambda: f'{first_profile_ms().loc["elementwise and norms", "ours"]:,.0f}',
+    "first_profile_git": lambda: first_profile().git.iloc[0],
+    "first_profile_elementwise_ms": lambda: f'{_first_ours("elementwise and norms"):,.0f}',
     "cold_first_step_s": lambda: f'{cold_row().since_start_to_first_step_s:.0f}',
     "cold_step_ms": lambda: f'{cold_row().step_ms:,.0f}',
 }
@@ -192,9 +199,8 @@ register("training_step", facts=FACTS, tables={"plans_measured": plans_table, "p
     "sweep_estimates_near_the_memory": lambda: 0 < sweep_margin_gib() < estimate_over_peak_gib().max(),
     "plans_within_two_percent": _plans_within_two_percent,
     # the first profile put our backward kernel under elementwise: its attention backward is small
-    "first_profile_miscounted_our_backward": lambda: first_profile_ms().loc["attention backward", "ours"] < 100
-    < 1500 < first_profile_ms().loc["elementwise and norms", "ours"] and profile_rows().run_id.iloc[0] != _one_gpu(
-        load_results(step_profile.BENCH, status="ok")).sort_values("time_utc").run_id.iloc[0],
+    "first_profile_miscounted_our_backward": lambda: _first_ours("attention backward") < 100 < 1500
+    < _first_ours("elementwise and norms") and profile_rows().run_id.iloc[0] != first_profile().run_id.iloc[0],
     # the best plans' gap is a fraction of what our backward loses to cuDNN's, layer for layer
     "gap_fits_in_the_backward": lambda: 0 < best("ours").step_ms - best("stock").step_ms < 0.5 * _delta("attention backward"),
     "idle_is_negligible": lambda: profile_ms().loc["idle"].max() < 0.01 * profile_wall_ms("stock"),
