@@ -12,7 +12,7 @@ from cs336_systems.attention.fast.experiments import ab_bwd128
 SOURCE = ab_bwd128.KERNEL_FILE.read_text()
 
 
-@pytest.mark.parametrize("version", [*ab_bwd128.VERSIONS, "red2+one_wait"])
+@pytest.mark.parametrize("version", [*ab_bwd128.VERSIONS, "red2+one_wait", "dq_next+red2"])
 def test_every_version_edits_the_committed_kernel(version):
     edited = ab_bwd128.variant_source(version, SOURCE)
     ast.parse(edited)
@@ -34,8 +34,16 @@ def test_dq_next_adds_each_tiles_dq_once_after_the_next_tiles_scores():
     assert tiles.index("sT = hopper.warpgroup_mma(") < tiles.index("if i > i0:") < tiles.index("dpT = hopper.warpgroup_mma(")
 
 
+def test_red2_after_dq_next_sends_both_adds_through_the_tiles_buffer():
+    edited = ab_bwd128.variant_source("dq_next+red2", SOURCE)
+    assert edited.count("tma.store_wait(1)") == 2 and "tma.store_wait(0)  #" not in edited
+    assert "red.index(2 * W + ((i - 1) & 1))" in edited and "red.index(2 * W + ((i1 - 1) & 1))" in edited
+
+
 def test_an_unknown_version_or_a_missing_line_is_refused():
     with pytest.raises(ValueError, match="unknown version"):
         ab_bwd128.variant_source("nope", SOURCE)
     with pytest.raises(ValueError, match="copies of"):
         ab_bwd128.variant_source("red2", SOURCE.replace(ab_bwd128.RED_PICK, ""))
+    with pytest.raises(ValueError, match="the dQ add"):
+        ab_bwd128.variant_source("red2", SOURCE.replace("tma.store_wait(0)", "tma.store_wait(2)"))

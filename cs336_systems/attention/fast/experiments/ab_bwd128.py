@@ -13,6 +13,7 @@ Rows go to results/attention/ab_bwd128/<device>.jsonl.
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -45,13 +46,23 @@ REDUCE = ("        tma.store_wait(0)  # the previous tile's reduction has read t
 # tile i waits only for tile i - 2's. 32 KB more shared memory: fits with one dS^T slot.
 RED_ALLOC = "    red_s = gl.allocate_shared_memory(gl.float32, [2, BM, 64], dq_desc.layout)\n"
 RED_PICK = "    red = red_s.index(W)\n"
-REDUCE2 = ("        tma.store_wait(1)  # tile i - 2's reduction has read this tile's staging buffer\n"
-           "        gl.thread_barrier()\n"
-           "        red_i = red.index(2 * W + (i & 1))\n"
-           "        red_i.store(dq * sm_scale)\n"
-           "        fence_async_shared()\n"
-           "        gl.thread_barrier()\n"
-           "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red_i)\n")
+# A dQ add as the kernel writes it (the committed form, and dq_next's two), with its tile's row
+REDUCE_BLOCK = re.compile(
+    r"(?P<ind> +)tma\.store_wait\(0\)[^\n]*\n(?P=ind)gl\.thread_barrier\(\)\n(?P=ind)red\.store\((?P<val>[^\n]*)\)\n"
+    r"(?P=ind)fence_async_shared\(\)\n(?P=ind)gl\.thread_barrier\(\)\n"
+    r"(?P=ind)_tma_reduce_add\(dq_desc, \[row_q \+ (?P<tile>[^\n]*?) \* BM, 64 \* W\], red\)\n")
+
+
+def _two_buffers(m: re.Match) -> str:
+    """One dQ add through the warpgroup's staging buffer of its tile's parity (red2)."""
+    ind, val, tile = m["ind"], m["val"], m["tile"]
+    lines = ["tma.store_wait(1)  # the reduction two tiles back has read this tile's staging buffer",
+             "gl.thread_barrier()", f"red_i = red.index(2 * W + ({tile} & 1))", f"red_i.store({val})",
+             "fence_async_shared()", "gl.thread_barrier()",
+             f"_tma_reduce_add(dq_desc, [row_q + {tile} * BM, 64 * W], red_i)"]
+    return "".join(ind + line + "\n" for line in lines)
+
+
 # dq_next: tile i's dQ matmul stays in flight while tile i + 1's S^T is issued, and is added into
 # dQ only then, before dP^T is issued (the dQ matmul and the adds are about 14 ms of 48 at the 8B
 # step's cell: the no_dq ablation). Behind S^T and dP^T both, dQ's 32 accumulator registers beside
@@ -75,7 +86,8 @@ def _dq_adds(tile: str, indent: str) -> str:
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
-    "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1)",
+    "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1; "
+            "after dq_next too: dq_next+red2)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "no_dq": "ablation: no dQ matmul or adds (dQ wrong)",
@@ -93,7 +105,7 @@ def variant_source(name: str, source: str) -> str:
             source = variant_source(part, source)
         return source
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
-             "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK, REDUCE),
+             "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
              "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
@@ -113,10 +125,12 @@ def variant_source(name: str, source: str) -> str:
                     + _dq_adds("i - 1", "            "))
         last = DQ_MMA.splitlines()[0] + "\n    if i1 > i0:  # the last tile's dQ\n" + _dq_adds("i1 - 1", "        ")
         return source.replace(DQ_CARRIED, carried).replace(AFTER_DPT, previous + AFTER_DPT).replace(DQ_TAIL, last)
-    if name == "red2":
+    if name == "red2":  # every dQ add of the source: the committed kernel's one, or dq_next's two
+        source, adds = REDUCE_BLOCK.subn(_two_buffers, source)
+        if adds == 0:
+            raise ValueError("ab_bwd128: kernel source has 0 copies of the dQ add (store_wait, store, reduce)")
         return (source.replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
-                .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n")
-                .replace(REDUCE, REDUCE2))
+                .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n"))
     if name == "no_reduce":
         return source.replace(REDUCE, _guard(REDUCE))
     if name == "no_dq":
