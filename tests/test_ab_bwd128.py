@@ -47,3 +47,18 @@ def test_an_unknown_version_or_a_missing_line_is_refused():
         ab_bwd128.variant_source("red2", SOURCE.replace(ab_bwd128.RED_PICK, ""))
     with pytest.raises(ValueError, match="the dQ add"):
         ab_bwd128.variant_source("red2", SOURCE.replace("tma.store_wait(0)", "tma.store_wait(2)"))
+
+
+def test_dq_first_waits_for_dq_with_dks_matmul_still_in_flight():
+    tiles = ab_bwd128.variant_source("dq_first", SOURCE)
+    tiles = tiles[tiles.index("def _tiles"):tiles.index("return dk, dv")]
+    order = [tiles.index(x) for x in ("dv = hopper.warpgroup_mma(", "dq = hopper.warpgroup_mma(",
+                                      "dk = hopper.warpgroup_mma(", "warpgroup_mma_wait(1, deps=[dv, dq])",
+                                      "_tma_reduce_add(", "dk = hopper.warpgroup_mma_wait(0")]
+    assert order == sorted(order)
+
+
+def test_dq_own_adds_all_columns_of_its_own_keys_share():
+    edited = ab_bwd128.variant_source("dq_own", SOURCE)
+    assert "ds_ready.index(t), (i // SLOTS)" not in edited  # no wait for the other warpgroup's half
+    assert "[row_q + i * BM, 0]" in edited and "[row_q + i * BM, 64]" in edited and "[4, BM, 64]" in edited

@@ -83,11 +83,56 @@ def _dq_adds(tile: str, indent: str) -> str:
     return "".join(indent + line + "\n" for line in lines)
 
 
+# dq_first: dV's matmul issued, then (once the other half of dS^T is in) dQ's and dK's; dQ's is
+# waited for with dK's still in flight, so its staging store and reduction overlap dK's matmul
+# (the committed kernel waits for dV and dK before it issues dQ's: dQ's chain runs alone, the
+# tensor cores idle while dQ is staged). ld_empty and ds_free are released once dK's is done.
+MMA_TAIL = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
+            "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
+            + WAIT_DKDV
+            + "        # dQ's columns of W: dS (BM, BN) K[:, cols] once both halves of dS^T are in\n"
+            "        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)\n"
+            + DQ_MMA + "        mbarrier.arrive(ds_free.index(t), count=1)\n" + REDUCE)
+DQ_FIRST = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
+            "        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)  # the other half of dS^T\n"
+            "        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l), "
+            "use_acc=False, is_async=True)\n"
+            "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
+            "        dv, dq = hopper.warpgroup_mma_wait(1, deps=[dv, dq])  # groups retire in order: dK's in flight\n"
+            + REDUCE
+            + "        dk = hopper.warpgroup_mma_wait(0, deps=[dk])\n"
+            "        mbarrier.arrive(ld_empty.index(s), count=1)\n"
+            "        mbarrier.arrive(ds_free.index(t), count=1)\n")
+
+# dq_own: each math warpgroup adds its own keys' share of dQ, dS[:, keys of W] K[keys of W, :]
+# (all 128 columns, as two 64-column matmuls), so it never waits for the other warpgroup's half
+# of dS^T; the price is twice the reduction traffic (every dQ tile added twice per key block).
+DQ_OWN = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
+          "        dqa = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(0, 64, dim=1), gl.zeros([BM, 64], gl.float32, q_l), "
+          "use_acc=False, is_async=True)\n"
+          "        dqb = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(64, 64, dim=1), gl.zeros([BM, 64], gl.float32, q_l), "
+          "use_acc=False, is_async=True)\n"
+          "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
+          "        dv, dqa, dqb = hopper.warpgroup_mma_wait(1, deps=[dv, dqa, dqb])  # dK's in flight\n"
+          "        tma.store_wait(0)  # the previous tile's reductions have read the staging buffers\n"
+          "        gl.thread_barrier()\n"
+          "        red.index(2 * W).store(dqa * sm_scale)\n"
+          "        red.index(2 * W + 1).store(dqb * sm_scale)\n"
+          "        fence_async_shared()\n"
+          "        gl.thread_barrier()\n"
+          "        _tma_reduce_add(dq_desc, [row_q + i * BM, 0], red.index(2 * W))\n"
+          "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64], red.index(2 * W + 1))\n"
+          "        dk = hopper.warpgroup_mma_wait(0, deps=[dk])\n"
+          "        mbarrier.arrive(ld_empty.index(s), count=1)\n"
+          "        mbarrier.arrive(ds_free.index(t), count=1)\n")
+
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
     "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1; "
             "after dq_next too: dq_next+red2)",
+    "dq_first": "dQ's matmul issued before dK's and waited for alone: its adds overlap dK's matmul",
+    "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "no_dq": "ablation: no dQ matmul or adds (dQ wrong)",
@@ -106,12 +151,18 @@ def variant_source(name: str, source: str) -> str:
         return source
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
              "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
-             "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL)}.get(name, ())
+             "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL), "dq_first": (MMA_TAIL,),
+             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
             raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
     if name == "full":
         return source
+    if name == "dq_first":
+        return source.replace(MMA_TAIL, DQ_FIRST)
+    if name == "dq_own":
+        return (source.replace(MMA_TAIL, DQ_OWN).replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
+                .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two column halves at 2 W and 2 W + 1\n"))
     if name == "one_wait":
         mma = DQ_MMA.splitlines()[0] + "\n"
         wait_all = ("        dv, dk, dq = hopper.warpgroup_mma_wait(0, deps=[dv, dk, dq])\n"
