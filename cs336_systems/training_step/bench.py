@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -85,7 +86,7 @@ from .plan_search import sweep_plans
 from .rows import BENCH, CACHE_VARIABLES, DTYPES, KEY, REP_MS, WARMUP_MS, Plan, config_of, row_extras, row_metrics
 from .sharding import SHARDS
 from .train_step import StepOptions
-from .variants import VARIANTS, Recipe, recipe_of, with_plan
+from .variants import OURS_ATTENTIONS, VARIANTS, Recipe, recipe_of, with_plan
 
 
 def _say(worker: Worker, message: str) -> None:
@@ -106,7 +107,10 @@ def _gib(device: torch.device, what: str) -> float | None:
 
 
 def _label(recipe: Recipe) -> str:
-    return recipe.variant if recipe.variant == "plain" else f"{recipe.variant} [{recipe.checkpoint}]"
+    if recipe.variant == "plain":
+        return "plain"
+    attention = " with sdpa" if recipe.variant == "ours" and recipe.attention == "sdpa" else ""
+    return f"{recipe.variant}{attention} [{recipe.checkpoint}]"
 
 
 def measure(worker: Worker, plan: Plan, recipe: Recipe) -> dict[str, Any]:
@@ -264,9 +268,10 @@ def record_lost_ranks(plan: Plan, world: int, why: str) -> None:
     has none from this run."""
     bench, key = (step_profile.BENCH, step_profile.KEY) if plan.profile else (BENCH, KEY)
     store = ResultStore(bench, key, device=plan.device_slug, root=plan.results_dir)
-    done = {(r["variant"], r["flags"].get("checkpoint")) for r in store.rows() if r.get("run_id") == plan.run_id}
+    done = {(r["variant"], r["flags"].get("checkpoint"), r["flags"].get("attention"))
+            for r in store.rows() if r.get("run_id") == plan.run_id}
     for recipe in plan.recipes:
-        if (recipe.variant, recipe.checkpoint) not in done:
+        if (recipe.variant, recipe.checkpoint, recipe.attention) not in done:
             config = config_of(plan, recipe, world)
             if plan.profile:
                 config = {**config, "category": None}
@@ -307,6 +312,9 @@ def build_parser() -> Parser:
                         "results/training-step-profile")
     p.add_argument("--trace-dir", default=None,
                    help="with --profile: write each profiled step's Chrome trace into this directory")
+    p.add_argument("--ours-attention", nargs="+", choices=OURS_ATTENTIONS, default=None, metavar="ATTENTION",
+                   help="ours: its attention, flash-triton (ours, the default) or sdpa (SDPA's kernels with "
+                        "the rest of ours); several: each plan of ours runs with each, one row apiece")
     p.add_argument("--expandable-segments", action="store_true",
                    help="the CUDA caching allocator's expandable segments (less fragmentation; in the flags)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -366,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     refuse_duplicates(parser, args, "variant")  # argument checks (issue 28)
+    if args.ours_attention is not None:
+        refuse_duplicates(parser, args, "ours_attention")
+        if "ours" not in args.variant:
+            parser.error("--ours-attention: only with --variant ours (it is ours' attention)")
     if in_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if args.world_size is not None and args.world_size != world:
@@ -416,8 +428,12 @@ def main(argv: list[str] | None = None) -> int:
         capacity, where = args.memory_per_rank_gib * GIB, "--memory-per-rank-gib"
     else:
         capacity, where = _capacity_bytes(args.device, local)
+    bases = []
+    for v in dict.fromkeys(args.variant):
+        for attention in (args.ours_attention or [None]) if v == "ours" else [None]:
+            bases.append(recipe_of(v, replace(options, attention=attention), cfg, world, args.device))
     recipes: list[Recipe] = []
-    for base in (recipe_of(v, options, cfg, world, args.device) for v in dict.fromkeys(args.variant)):
+    for base in bases:
         if base.variant == "plain":  # the model as written: no plan to choose
             recipes.append(base)
         elif plans:

@@ -38,6 +38,7 @@ class StepOptions:
     loss_chunk: int = 4096                # positions per chunk of the chunked / fused loss
     lr: float = 1e-3                      # AdamW, torch's defaults otherwise (betas, eps, wd 0.01)
     expandable_segments: bool = False     # the CUDA caching allocator's expandable segments
+    attention: str | None = None          # ours: OURS_ATTENTIONS (variants.py); None: flash-triton
     seed: int = 0
 
 

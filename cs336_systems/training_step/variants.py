@@ -1,8 +1,8 @@
 """The three training steps the leaderboard bench compares, each built on one rank.
 
                 plain                   stock (the PyTorch anchor)          ours
-    attention   naive (the (h, S, S)    SDPA, is_causal                     FlashAttentionFast (Triton)
-                scores)
+    attention   naive (the (h, S, S)    SDPA, is_causal                     FlashAttentionFast (Triton);
+                scores)                                                     SDPA with --ours-attention sdpa
     LM head +   full logits, fp32 copy, chunks of 4,096 positions under     fused_linear_cross_entropy
     loss        F.cross_entropy         checkpoint, fp32 cross-entropy      (chunks, Triton)
     optimizer   torch.optim.AdamW       torch.optim.AdamW(fused=True) on    FusedAdamW (Triton)
@@ -42,6 +42,10 @@ from .train_step import StepOptions, TrainingStep, init_lm, rank_batch
 
 VARIANTS = ("plain", "stock", "ours")
 ATTENTION = {"plain": "naive", "stock": "sdpa", "ours": "flash-triton"}
+# What ours may run its attention with: our FlashAttention (the default), or SDPA (cuDNN's kernels
+# on an H200) with everything else of ours, to tell what our attention costs or buys in the step
+# from what the rest of ours does (--ours-attention; the row's flags.attention says which).
+OURS_ATTENTIONS = ("flash-triton", "sdpa")
 LOSS = {"plain": "full-logits", "stock": "chunked", "ours": "fused"}
 
 
@@ -107,9 +111,14 @@ def recipe_of(variant: str, options: StepOptions, cfg: ModelConfig, world_size: 
         raise ValueError("our FSDP (shard fsdp) and compile do not mix: its per-layer hooks run inside each "
                          "block, so torch.compile traces them and recompiles for every layer (it guards on "
                          "the layer's index and name) until its recompile limit, then runs the block eagerly")
+    attention = ATTENTION[variant]
+    if variant == "ours" and options.attention is not None:
+        if options.attention not in OURS_ATTENTIONS:
+            raise ValueError(f"ours' attention must be one of {', '.join(OURS_ATTENTIONS)}, got {options.attention!r}")
+        attention = options.attention
     optimizer = ("FusedAdamW" if variant == "ours" else
                  "torch.optim.AdamW(fused=True)" if device_type == "cuda" else "torch.optim.AdamW")
-    return Recipe(variant, ATTENTION[variant], LOSS[variant], optimizer, plan.checkpointed_blocks,
+    return Recipe(variant, attention, LOSS[variant], optimizer, plan.checkpointed_blocks,
                   plan.kept_blocks, options.compile, how, options.loss_chunk, plan.text,
                   options.expandable_segments)
 
