@@ -84,6 +84,16 @@ def test_memory_per_block_and_what_the_plain_model_saves():
     assert b.lower_bound > 4_000 * 2**30
 
 
+def test_ours_attention_is_ours_unless_asked_and_only_ours_takes_the_option():
+    def attention(variant, **kw):
+        return recipe_of(variant, StepOptions(**kw), B8, 1, "cuda").attention
+
+    assert attention("ours") == "flash-triton" and attention("ours", attention="sdpa") == "sdpa"
+    assert attention("stock", attention="flash-triton") == "sdpa"  # stock is stock PyTorch
+    with pytest.raises(ValueError, match="ours' attention must be one of"):
+        attention("ours", attention="naive")
+
+
 def test_stock_and_ours_fit_two_h200s_and_sharding_halves_the_state():
     one, two = ({v: memory_budget.budget(B8, recipe_of(v, StepOptions(), B8, w, "cuda").layout(torch.bfloat16),
                                          w, 2 // w, 32_768) for v in ("stock", "ours")} for w in (1, 2))
@@ -431,6 +441,9 @@ def test_a_memory_limit_refuses_and_allow_oom_runs_anyway(tmp_path, capsys, monk
     (["--variant", "stock", "--checkpoint", "ours=full:2"], "--checkpoint ours=full:2"),  # not in this run
     (["--variant", "stock", "ours", "--checkpoint", "ours=full:2"], "no plan for stock"),
     (["--variant", "stock", "--checkpoint", "stock=full:3"], "--checkpoint stock=full:3"),
+    (["--variant", "stock", "--ours-attention", "sdpa"], "--ours-attention"),  # ours' only
+    (["--variant", "ours", "--ours-attention", "sdpa", "sdpa"], "--ours-attention"),
+    (["--variant", "ours", "--ours-attention", "cudnn"], "--ours-attention"),
 ])
 def test_bad_arguments_name_the_flag(argv, flag, tmp_path, capsys, no_new_processes):
     assert flag in _refused([*TINY, *argv], tmp_path, capsys)

@@ -7,6 +7,7 @@ at batch 2 x context 32,768 in bf16, timed by triton.testing.do_bench. Ours agai
     just bench training-step --checkpoint stock=selective,none:10 ours=full   # a plan for each
     just bench training-step --sweep 3                         # 3 plans chosen for this GPU's memory
     just bench training-step --profile                         # one step under torch.profiler, by category
+    just bench training-step --ours-attention flash-triton sdpa   # ours with each attention
     just bench training-step --variant plain --allow-oom       # the plain model: an OOM row
     just bench training-step --size tiny --device cpu --dtype fp32 --variant plain stock ours
     torchrun --nproc-per-node 2 -m cs336_systems.bench training-step      # or --world-size 2
