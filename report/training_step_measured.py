@@ -162,7 +162,6 @@ def _attention_backward_is_the_gap() -> bool:
 def _hybrid_wins_by_the_fused_pieces() -> bool:
     """With the same attention kernels, ours' profile differs from stock's in the loss, optimizer and
     matmuls (faster) and nowhere by more than 1% of the step."""
-    ms = profile_ms(HYBRID)
     wall = profile_wall_ms(STOCK, HYBRID)
     others = [c for c in CATEGORIES if c not in ("loss", "optimizer", "matmul")]
     return (ours_wins_ms(HYBRID) > 0 and all(abs(_delta(c, HYBRID)) < 0.01 * wall for c in others)
