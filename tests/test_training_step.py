@@ -132,7 +132,9 @@ def trajectory():
 
 
 def _variant(name: str, dtype: torch.dtype, device: str):
-    options = StepOptions(dtype=dtype, **OPTIONS)
+    """A variant by name; "ours+sdpa" is ours with SDPA's attention (--ours-attention sdpa)."""
+    name, _, attention = name.partition("+")
+    options = StepOptions(dtype=dtype, attention=attention or None, **OPTIONS)
     worker = Worker(0, 1, 0, "gloo", torch.device(device))
     return build(recipe_of(name, options, CFG, 1, device), options, CFG, worker, BATCH)
 
@@ -152,7 +154,8 @@ def _check_against_reference(step, trajectory, tol_forward: float, tol: float) -
             assert_relative_error(p.grad.cpu(), ref_grads[name], tol, f"{step.variant} step {t}: {name}")
 
 
-@pytest.mark.parametrize("variant", ["stock", pytest.param("ours", marks=[needs_triton, *where_marks])])
+@pytest.mark.parametrize("variant", ["stock", pytest.param("ours", marks=[needs_triton, *where_marks]),
+                                     pytest.param("ours+sdpa", marks=[needs_triton, *where_marks])])
 def test_fp32_variant_gives_the_plain_models_logits_loss_and_gradients(trajectory, variant):
     # float32 against float64: the weights' own rounding to float32 adds one rounding per path. On a
     # GPU, fp32 matmuls are IEEE (TF32 off, PyTorch's default) in cuBLAS and in our kernels alike.
