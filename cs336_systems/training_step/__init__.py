@@ -16,6 +16,7 @@ step (forward, loss, backward, AdamW) timed by triton.testing.do_bench; ours aga
     variants.py         plain, stock, ours: what each turns on, and building one on a rank
     timing.py           do_bench on one GPU; its procedure with counts agreed over ranks on several
     bench.py            `just bench training-step`: the CLI, one row per variant and plan
+    run_variants.py     running them on a rank (build, first step, time or profile, write the row)
     annotate.py         named ranges in the step (record_function and NVTX) for the profile
     breakdown.py        a profiled step's kernel time by category (matmul, attention, ..., idle)
     step_profile.py     --profile: one step under torch.profiler, its breakdown as rows

@@ -1,3 +1,4 @@
+# ruff: noqa  (kept as call 30 ran it, one-off style)
 """One-off: where an eager fwd+bwd of FlashAttentionFast spends host time (cProfile), beside SDPA."""
 import cProfile, io, os, pstats, time
 import torch
