@@ -19,10 +19,10 @@ from cs336_systems.attention.benchmarks.grid_sweep import KEY as GRID_KEY
 from cs336_systems.attention.fast.table import SIZE_FALLBACK, _entry, size_class, table_key
 from cs336_systems.attention.fast.tuned_configs import TUNED
 from report import gpu_tests
-from report.flash import IMPL_NAMES, MODE_WORDS, first_value, low_high, where
+from report.flash import IMPL_NAMES, MODE_WORDS, first_value, low_high
 from report.flash_ab import HOST_BENCH
 from report.registry import register
-from report.results import REPO_ROOT, format_value, load_results, markdown_table, newest, with_source
+from report.results import REPO_ROOT, format_value, load_results, markdown_table, newest, where, with_source
 
 GRID_BENCH = "attention/flash_grid"
 TUNE_BENCH = "attention/flash_tune"

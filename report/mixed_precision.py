@@ -14,9 +14,9 @@ import torch
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
-from report.profiling import PHASES_BENCH, SIZES, SIZES_2026, by_size, kernel_cells, phase, phase_rows, pm_each, where
+from report.profiling import PHASES_BENCH, SIZES, SIZES_2026, by_size, kernel_cells, phase, phase_rows, pm_each
 from report.registry import register
-from report.results import load_results, markdown_table, newest, ok, with_source
+from report.results import load_results, markdown_table, newest, ok, where, with_source
 from report.units import pm, span
 
 MODES = ("forward", "forward-backward", "train")

@@ -22,7 +22,7 @@ from cs336_systems.profiling.sweeps import warmup_stats
 from cs336_systems.profiling.torch_profile import is_matmul, short_name
 from report.figures import new_figure
 from report.registry import register
-from report.results import load_results, newest, ok, with_source
+from report.results import load_results, newest, ok, where, with_source
 from report.units import listed, pm, span
 
 SIZES = list(PRESETS)  # small ... 2.7B
@@ -34,13 +34,6 @@ PHASES = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"}
 def by_size(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in preset order (small ... 2.7B), the order within a size kept."""
     return df.assign(_o=df["size"].map(SIZES.index)).sort_values("_o", kind="stable").drop(columns="_o")
-
-
-def where(df: pd.DataFrame, **equal) -> pd.DataFrame:
-    """The rows of `df` whose columns hold these values, e.g. where(cells, size="small", context=128)."""
-    for column, value in equal.items():
-        df = df[df[column] == value]
-    return df
 
 
 def pm_each(means, stds) -> list[str]:
