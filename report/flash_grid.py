@@ -319,7 +319,6 @@ FACTS = {
     "grid_sweeps_d64": lambda: grid_sweeps(version_rows()[0]),
     **low_high("grid_long_d128_fwd_{}", lambda: long_range("fwd", d=128)),
     "grid_step_ws_ms": lambda: f'{tuned_best_ms(STEP_KEY, "ws"):.1f}',
-    "gpu_now_git": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]),
     **{f"gpu_now_{k.lower()}": lambda k=k: gpu_tests.counts()[k] for k in ("PASSED", "SKIPPED")},
     **low_high("grid_long_d64_full_{}", lambda: long_range("fwd_bwd", d=64, mask="full")),
     **low_high("grid_long_d128_{}", lambda: long_range("fwd_bwd", d=128)),
