@@ -13,9 +13,9 @@ import pandas as pd
 from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.profiling.attention_oom import DEFAULT
 from report.figures import plt
-from report.profiling import SIZES, kernel_cells, pm_each, where
+from report.profiling import SIZES, kernel_cells, pm_each
 from report.registry import register
-from report.results import load_results, newest, ok, with_source
+from report.results import load_results, newest, ok, where, with_source
 from report.units import GiB, MiB, near, span
 
 BENCH = "attention/pytorch_attention"

@@ -5,8 +5,8 @@ bf16, causal). `just bench flash-leaderboard` times ours and four others in one 
 one row per (run, implementation, mode). The chapter quotes the *headline run*: the newest run that
 timed every implementation at the course's 10 s.
 
-Also the helpers the other flash modules share: `where` (rows by column values), `first_value`,
-`round_stats` and `low_high` (a min and a max fact).
+Also the helpers the other flash modules share: `first_value`, `round_stats` and `low_high` (a min
+and a max fact).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from cs336_systems.bench.store import REPO_ROOT
 from report import gpu_tests
 from report.figures import new_figure
 from report.registry import register
-from report.results import load_results, with_source
+from report.results import load_results, where, with_source
 
 LB_BENCH = "attention/flash_leaderboard"
 LB = dict(batch=16, seq=16384, d=64)  # the leaderboard case
@@ -39,13 +39,6 @@ KERNELS_BY_GIT = {
 }
 GLUON_LOG = "nvidia-h200-gluon-kernels.log"  # the Gluon kernels' own GPU test log
 ERRORS = ("o", "dq", "dk", "dv")  # the outputs and gradients whose relative error each row records
-
-
-def where(df: pd.DataFrame, **equal) -> pd.DataFrame:
-    """The rows whose columns hold the values given (column names as keywords)."""
-    for column, value in equal.items():
-        df = df[df[column] == value]
-    return df
 
 
 def first_value(rows: pd.DataFrame, column: str, missing: str) -> float:

@@ -19,10 +19,10 @@ from cs336_systems.attention.benchmarks.grid_sweep import KEY as GRID_KEY
 from cs336_systems.attention.fast.table import SIZE_FALLBACK, _entry, size_class, table_key
 from cs336_systems.attention.fast.tuned_configs import TUNED
 from report import gpu_tests
-from report.flash import IMPL_NAMES, MODE_WORDS, first_value, low_high, where
+from report.flash import IMPL_NAMES, MODE_WORDS, first_value, low_high
 from report.flash_ab import HOST_BENCH
 from report.registry import register
-from report.results import REPO_ROOT, format_value, load_results, markdown_table, newest, with_source
+from report.results import REPO_ROOT, format_value, load_results, markdown_table, newest, where, with_source
 
 GRID_BENCH = "attention/flash_grid"
 TUNE_BENCH = "attention/flash_tune"
@@ -319,7 +319,6 @@ FACTS = {
     "grid_sweeps_d64": lambda: grid_sweeps(version_rows()[0]),
     **low_high("grid_long_d128_fwd_{}", lambda: long_range("fwd", d=128)),
     "grid_step_ws_ms": lambda: f'{tuned_best_ms(STEP_KEY, "ws"):.1f}',
-    "gpu_now_git": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]),
     **{f"gpu_now_{k.lower()}": lambda k=k: gpu_tests.counts()[k] for k in ("PASSED", "SKIPPED")},
     **low_high("grid_long_d64_full_{}", lambda: long_range("fwd_bwd", d=64, mask="full")),
     **low_high("grid_long_d128_{}", lambda: long_range("fwd_bwd", d=128)),

@@ -12,9 +12,9 @@ from matplotlib.lines import Line2D
 from cs336_systems.attention.fast.tuned_configs import TUNED
 from report import flash
 from report.figures import plt  # the site's figure backend (Agg), set before anything draws
-from report.flash import MODE_WORDS, first_value, fwd_margin, low_high, where
+from report.flash import MODE_WORDS, first_value, fwd_margin, low_high
 from report.registry import register
-from report.results import load_results, markdown_table, newest, with_source
+from report.results import load_results, markdown_table, newest, where, with_source
 
 SWEEP_BENCH = "attention/flash_sweep"
 SWEEP_NAMES = {"triton": "ours Triton", "pytorch": "ours PyTorch", "naive": "plain PyTorch", "sdpa": "SDPA cuDNN"}

@@ -15,10 +15,10 @@ from cs336_systems.attention.fast import table
 from cs336_systems.attention.fast.tuned_configs import TUNED
 from cs336_systems.attention.flops import attention_flops
 from cs336_systems.attention.tiles import heuristic_bwd, heuristic_fwd
-from report.flash import LB, LB_KEY, round_stats, where
+from report.flash import LB, LB_KEY, round_stats
 from report.registry import register
 from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
-from report.results import load_results, markdown_table, with_source
+from report.results import load_results, markdown_table, where, with_source
 from report.units import span
 
 TUNE_BENCH = "attention/flash_tune"

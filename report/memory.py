@@ -27,9 +27,8 @@ from cs336_systems.sharding.accounting import (
     transformer_activation_bytes,
 )
 from report.figures import new_figure
-from report.profiling import where
 from report.registry import register
-from report.results import load_results, markdown_table, newest, ok, provenance_line, source, with_source
+from report.results import load_results, markdown_table, newest, ok, provenance_line, source, where, with_source
 from report.units import GiB, MiB, near
 
 SIZE, BATCH = "2.7B", 4  # the configuration the memory sweep measures: the 2026 handout's xl

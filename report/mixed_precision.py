@@ -14,9 +14,10 @@ import torch
 
 from cs336_systems.bench.device import peak_flops
 from cs336_systems.profiling.mixed_precision import ADDEND, N_ADDS, binade_walk
-from report.profiling import PHASES_BENCH, SIZES, SIZES_2026, by_size, kernel_cells, phase, phase_rows, pm_each, where
+from report.attention import compile_rows  # the compile sweep's rows live with that chapter
+from report.profiling import PHASES_BENCH, SIZES, SIZES_2026, by_size, kernel_cells, phase, phase_rows, pm_each, timings
 from report.registry import register
-from report.results import load_results, markdown_table, newest, ok, with_source
+from report.results import load_results, markdown_table, newest, ok, where, with_source
 from report.units import pm, span
 
 MODES = ("forward", "forward-backward", "train")
@@ -116,7 +117,7 @@ def precision_table() -> str:
 
 def spread(dtype: str) -> pd.Series:
     """std / mean of each newest cell of one dtype."""
-    t = where(newest(ok("end-to-end/timings"), KEY), dtype=dtype)
+    t = timings(dtype)
     return t.std_ms / t.mean_ms
 
 
@@ -163,9 +164,7 @@ def remeasured_table() -> str:
 def fp32_repeats() -> pd.DataFrame:
     """The same fp32 cell timed by two sweeps in separate processes: the timing grid and the eager
     cells of the torch.compile sweep (context 512, batch 4, 5 warm-up and 10 steps in both)."""
-    from report.attention import compile_rows  # the compile sweep's rows live with that chapter
-
-    t = where(newest(ok("end-to-end/timings"), KEY), dtype="fp32").set_index(["size", "mode"]).mean_ms
+    t = timings("fp32").mean_ms
     c = where(compile_rows(), compile=False, dtype="fp32").set_index(["size", "mode"]).mean_ms
     return by_size(pd.DataFrame([{"size": s, "mode": m, "timing grid ms": t[(s, m)], "compile sweep (eager) ms": c[(s, m)],
                                   "difference": c[(s, m)] / t[(s, m)] - 1} for s, m in c.index if (s, m) in t.index]))

@@ -21,8 +21,9 @@ from cs336_systems.profiling.phase_timing import step_memory
 from cs336_systems.profiling.sweeps import warmup_stats
 from cs336_systems.profiling.torch_profile import is_matmul, short_name
 from report.figures import new_figure
+from report.memory import capacity_gib  # the H200's memory, as its own out-of-memory message states it
 from report.registry import register
-from report.results import load_results, newest, ok, with_source
+from report.results import load_results, newest, ok, where, with_source
 from report.units import listed, pm, span
 
 SIZES = list(PRESETS)  # small ... 2.7B
@@ -34,13 +35,6 @@ PHASES = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"}
 def by_size(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in preset order (small ... 2.7B), the order within a size kept."""
     return df.assign(_o=df["size"].map(SIZES.index)).sort_values("_o", kind="stable").drop(columns="_o")
-
-
-def where(df: pd.DataFrame, **equal) -> pd.DataFrame:
-    """The rows of `df` whose columns hold these values, e.g. where(cells, size="small", context=128)."""
-    for column, value in equal.items():
-        df = df[df[column] == value]
-    return df
 
 
 def pm_each(means, stds) -> list[str]:
@@ -416,7 +410,7 @@ def _ten_b_training_ran_out_in_the_optimizer() -> bool:
     m, c = ten_b_memory(), phase_cells()
     wg = m["weights_gib"] + m["grads_gib"]
     return all(r.train_status == "oom" and r.oom_phase == "optimizer" and r.oom_step == 0
-               and wg < r.oom_peak_gib < h200_capacity_gib() and phase("10B", "forward-backward", dt).status == "ok"
+               and wg < r.oom_peak_gib < capacity_gib() and phase("10B", "forward-backward", dt).status == "ok"
                for dt, r in c.loc["10B"].iterrows()) \
         and abs(c.loc[("10B", "fp32"), "fb_peak_gib"] / wg - 1) < 0.02 \
         and (c.drop(index="10B", level="size").train_status == "ok").all()
@@ -523,17 +517,10 @@ def ten_b_memory() -> dict:
     return step_memory(get_config("10B"), mode="train", batch=PHASE_BATCH, context=PHASE_CONTEXT)
 
 
-def h200_capacity_gib() -> float:
-    """The H200's memory as its own out-of-memory message states it (the memory chapter's reading)."""
-    from report import memory
-
-    return memory.capacity_gib()
-
-
 def _ten_b_training_cannot_fit() -> bool:
     """Weights, gradients and two moments are 16 bytes per parameter, over the H200's memory; the
     weights and gradients alone (8 bytes) are under it: AdamW's moments are what cannot fit."""
-    m, cap = ten_b_memory(), h200_capacity_gib()
+    m, cap = ten_b_memory(), capacity_gib()
     n = count_parameters(get_config("10B"))["total"]
     state = m["weights_gib"] + m["grads_gib"] + m["adamw_gib"]
     return (abs(state * 2**30 - FP32_ADAMW_BYTES * n) < 1 and m["params"] == n and state > cap
@@ -548,7 +535,7 @@ register(
         "params_10b_b": lambda: f"{count_parameters(get_config('10B'))['total'] / 1e9:.2f}",
         "weights_grads_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib'] - ten_b_memory()['adamw_gib']:.0f}",
         "train_state_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib']:.0f}",
-        "h200_capacity_gib": lambda: f"{h200_capacity_gib():.1f}",
+        "h200_capacity_gib": lambda: f"{capacity_gib():.1f}",
         # (b), 2026
         "bwd_over_fwd_2026": lambda: span(where(phase_cells(), dtype="fp32").bwd_over_fwd, ".1f"),
         "opt_ms_small": lambda: f"{phase('small', 'train', 'fp32').optimizer_mean_ms:.0f}",

@@ -2,8 +2,8 @@
 
 Every report module reads rows through here: `load_results` (a missing file raises
 FileNotFoundError, so the strict build fails instead of publishing a page whose table vanished),
-`newest` (the newest row per cell: a re-measured cell keeps its older rows in the file) and
-`with_source` (a table and the provenance of the rows it shows).
+`newest` (the newest row per cell: a re-measured cell keeps its older rows in the file), `where`
+(rows by column values) and `with_source` (a table and the provenance of the rows it shows).
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ def ok(bench: str, device: str = GPU) -> pd.DataFrame:
 def newest(df: pd.DataFrame, key: Sequence[str], keep: str = "last") -> pd.DataFrame:
     """The newest row of each cell (`keep="first"`: the earliest), rows in time order."""
     return df.sort_values("time_utc", kind="stable").drop_duplicates(list(key), keep=keep)
+
+
+def where(df: pd.DataFrame, **equal) -> pd.DataFrame:
+    """The rows of `df` whose columns hold these values, e.g. where(cells, size="small", context=128)."""
+    for column, value in equal.items():
+        df = df[df[column] == value]
+    return df
 
 
 def source(bench: str, device: str = GPU) -> str:
