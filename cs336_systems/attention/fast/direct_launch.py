@@ -34,11 +34,16 @@ COMPILED_NEEDS = ("run", "function", "packed_metadata")
 
 
 def _spec(arg):
-    """What Triton may compile differently for this argument (its launch key's share)."""
+    """What Triton may compile differently for this argument (its launch key's share). Per call of
+    a launch with ~36 arguments this is most of the direct path's host time, so the commonest
+    argument, an integer (shapes and strides), is tested for first and keyed by its value alone."""
+    kind = type(arg)
+    if kind is int:
+        return arg
     if isinstance(arg, torch.Tensor):  # aligned pointers get vectorised loads
         return arg.dtype, arg.data_ptr() % 16 == 0
-    if arg is None or isinstance(arg, (bool, int, float)):
-        return type(arg), arg  # the type too: True == 1 in a dict key, but Triton types them apart
+    if arg is None or kind is bool or kind is float:
+        return kind, arg  # the type too: True == 1 == 1.0 in a dict key, but Triton types them apart
     base = arg.base  # a tensor descriptor (Triton's or Gluon's)
     return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
             getattr(arg, "layout", None), getattr(arg, "padding", None))
