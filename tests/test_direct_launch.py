@@ -88,6 +88,18 @@ def test_a_launch_hook_sends_every_launch_through_triton(standin, monkeypatch):
     assert len(standin.dispatched) == 2 and not standin.direct
 
 
+def test_an_interpreted_kernel_always_goes_through_triton(standin):
+    # under TRITON_INTERPRET=1 Triton's jit makes InterpretedFunctions: nothing compiled to launch
+    class InterpretedFunction(StandIn):
+        pass
+
+    interpreted = InterpretedFunction()
+    kernel = direct_launch.DirectKernel(interpreted)
+    for _ in range(2):
+        kernel.launch((1,), (torch.zeros(16), 16), dict(BLOCK=16))
+    assert len(interpreted.dispatched) == 2 and not interpreted.direct
+
+
 def test_dispatch_only_sends_every_launch_through_triton(standin):
     kernel = direct_launch.DirectKernel(standin)
     x = torch.zeros(16)

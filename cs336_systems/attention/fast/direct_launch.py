@@ -80,9 +80,12 @@ class DirectKernel:
         # launch key -> (launcher, compiled function, packed metadata, the constexpr parameters' values in order)
         self.compiled: dict = {}
         self.unavailable: str | None = None  # why this kernel cannot be launched directly, once known
+        # Triton fixed at its import whether its kernels are compiled or interpreted (TRITON_INTERPRET),
+        # so the kernel's mode is asked once, not from the environment on every launch.
+        self.interpreted = interpreting() or type(kernel).__name__ == "InterpretedFunction"
 
     def launch(self, grid: tuple[int, ...], args: tuple, constexprs: dict):
-        if self.unavailable or _DISPATCH_ONLY[0] or interpreting() or _hooked():
+        if self.unavailable or self.interpreted or _DISPATCH_ONLY[0] or _hooked():
             return self.kernel[grid](*args, **constexprs)
         device, stream = _device_and_stream()
         key = (device, tuple(constexprs.items()), tuple(map(_spec, args)))

@@ -7,7 +7,8 @@ some 30 arguments per launch) was most of the host's time for the two or three T
 an eager forward+backward. `flash_launch` stays as the course page shows it; what each launcher
 here passes is checked launch by launch against it (tests/test_fast_triton_launch.py), so the two
 cannot drift apart. Same contract: 4-D (Z, H, N, d) inputs with a unit last stride, contiguous
-results.
+results; the inputs checked by the caller (`fast.launch` runs `flash_launch._shape` first, which
+refuses what the interpreter would compute wrongly: here every check would ask the environment).
 """
 
 from __future__ import annotations
@@ -17,15 +18,27 @@ import functools
 import torch
 from torch import Tensor
 
-from ..flash_launch import BWD, FWD, _bwd_args, _cdiv, _descriptors, _no_tail, _scales, _shape, dot_precision, tma_ok
+from ..flash_launch import BWD, FWD, _cdiv, _descriptors, _no_tail, _scales, dot_precision, tma_ok
 from ..tiles import BwdConfig, FwdConfig
 from ..triton_loader import kernels, next_power_of_2
 from .direct_launch import direct
 
 
+def _dims(q: Tensor, k: Tensor) -> tuple[int, int, int, int, int]:
+    Z, H, n_q, d = q.shape
+    return Z, H, n_q, k.shape[2], d
+
+
+def _bwd_args(q, k, v, do):
+    """`flash_launch._bwd_args` without its checks: the strides and sizes every backward pass takes."""
+    Z, H, n_q, n_k, d = _dims(q, k)
+    sm_scale, qk_scale = _scales(d)
+    return (*q.stride(), *k.stride(), *v.stride(), *do.stride()), (H, n_q, n_k, qk_scale, sm_scale)
+
+
 def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, c: FwdConfig) -> tuple[Tensor, Tensor]:
     """O (Z, H, n_q, d) in q's dtype and L (Z, H, n_q) fp32, as `flash_launch.launch_fwd`."""
-    Z, H, n_q, n_k, d = _shape(q, k)
+    Z, H, n_q, n_k, d = _dims(q, k)
     o = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     tma = c.tma and tma_ok(q, k, v)
@@ -60,7 +73,6 @@ def _pre_constexprs(d: int, block_m: int) -> dict:
 def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
                c: BwdConfig) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV (Z, H, N, d) in the inputs' dtype, as `flash_launch.launch_bwd`."""
-    _shape(q, k)
     delta = launch_preprocess(o, do)
     if c.fused:
         return launch_bwd_fused(q, k, v, do, L, delta, is_causal, c)
@@ -70,11 +82,11 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
 
 def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from one launch that runs both passes, as `flash_launch.launch_bwd_fused`."""
-    Z, H, n_q, n_k, d = _shape(q, k)
+    Z, H, n_q, n_k, d = _dims(q, k)
     dq = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
-    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    strides, sizes = _bwd_args(q, k, v, do)
     n_kv_tiles, n_q_tiles = _cdiv(n_k, c.block_n1), _cdiv(n_q, c.block_m2)
     ok = (c.tma1 or c.tma2) and tma_ok(q, k, v, do)
     tma1, tma2 = c.tma1 and ok, c.tma2 and ok
@@ -97,10 +109,10 @@ def _fused_constexprs(is_causal: bool, n_q: int, d: int, c: BwdConfig, tma1: boo
 
 def launch_dkdv(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[Tensor, Tensor]:
     """dK, dV (contiguous, k's dtype), as `flash_launch.launch_dkdv`."""
-    Z, H, n_q, n_k, d = _shape(q, k)
+    Z, H, n_q, n_k, d = _dims(q, k)
     dk = torch.empty((Z, H, n_k, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
-    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    strides, sizes = _bwd_args(q, k, v, do)
     tma = c.tma1 and tma_ok(q, k, v, do)
     ins = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
     direct(kernels(BWD).bwd_dkdv_kernel).launch(
@@ -118,9 +130,9 @@ def _dkdv_constexprs(is_causal: bool, n_q: int, d: int, c: BwdConfig, tma: bool,
 
 def launch_dq(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> Tensor:
     """dQ (contiguous, q's dtype), as `flash_launch.launch_dq`."""
-    Z, H, n_q, n_k, d = _shape(q, k)
+    Z, H, n_q, n_k, d = _dims(q, k)
     dq = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
-    strides, sizes = _bwd_args(q, k, v, do, L, delta)
+    strides, sizes = _bwd_args(q, k, v, do)
     tma = c.tma2 and tma_ok(q, k, v, do)
     ins = _descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma else (q, k, v, do)
     direct(kernels(BWD).bwd_dq_kernel).launch(
