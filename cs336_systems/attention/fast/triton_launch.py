@@ -18,7 +18,8 @@ import functools
 import torch
 from torch import Tensor
 
-from ..flash_launch import BWD, FWD, _cdiv, _descriptors, _no_tail, _scales, dot_precision, tma_ok
+from .. import flash_launch
+from ..flash_launch import BWD, FWD, _cdiv, _no_tail, _scales, dot_precision, tma_ok
 from ..tiles import BwdConfig, FwdConfig
 from ..triton_loader import kernels, next_power_of_2
 from .direct_launch import direct
@@ -42,7 +43,7 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, c: FwdConfig) -
     o = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     tma = c.tma and tma_ok(q, k, v)
-    ins = _descriptors(q, k, v, None, c.block_m, c.block_n)[:3] if tma else (q, k, v)
+    ins = flash_launch._descriptors(q, k, v, None, c.block_m, c.block_n)[:3] if tma else (q, k, v)
     args = (*ins, o, L, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, n_q, n_k, _scales(d)[1])
     direct(kernels(FWD).flash_fwd_kernel).launch((_cdiv(n_q, c.block_m), Z * H), args,
                                                  _fwd_constexprs(is_causal, d, c, tma, dot_precision(q.dtype)))
@@ -90,8 +91,8 @@ def launch_bwd_fused(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tu
     n_kv_tiles, n_q_tiles = _cdiv(n_k, c.block_n1), _cdiv(n_q, c.block_m2)
     ok = (c.tma1 or c.tma2) and tma_ok(q, k, v, do)
     tma1, tma2 = c.tma1 and ok, c.tma2 and ok
-    ins1 = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma1 else (q, k, v, do)
-    ins2 = _descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma2 else (q, k, v, do)
+    ins1 = flash_launch._descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma1 else (q, k, v, do)
+    ins2 = flash_launch._descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma2 else (q, k, v, do)
     args = (*ins1, L, delta, dq, dk, dv, *ins2, *strides, *sizes, n_kv_tiles, n_q_tiles)
     direct(kernels(BWD).bwd_fused_kernel).launch(
         (n_kv_tiles + n_q_tiles, Z * H), args,
@@ -114,7 +115,7 @@ def launch_dkdv(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> tuple[T
     dv = torch.empty((Z, H, n_k, d), dtype=v.dtype, device=v.device)
     strides, sizes = _bwd_args(q, k, v, do)
     tma = c.tma1 and tma_ok(q, k, v, do)
-    ins = _descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
+    ins = flash_launch._descriptors(q, k, v, do, c.block_m1, c.block_n1) if tma else (q, k, v, do)
     direct(kernels(BWD).bwd_dkdv_kernel).launch(
         (_cdiv(n_k, c.block_n1), Z * H), (*ins, L, delta, dk, dv, *strides, *sizes),
         _dkdv_constexprs(is_causal, n_q, d, c, tma, dot_precision(q.dtype)))
@@ -134,7 +135,7 @@ def launch_dq(q, k, v, do, L, delta, is_causal: bool, c: BwdConfig) -> Tensor:
     dq = torch.empty((Z, H, n_q, d), dtype=q.dtype, device=q.device)
     strides, sizes = _bwd_args(q, k, v, do)
     tma = c.tma2 and tma_ok(q, k, v, do)
-    ins = _descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma else (q, k, v, do)
+    ins = flash_launch._descriptors(q, k, v, do, c.block_m2, c.block_n2) if tma else (q, k, v, do)
     direct(kernels(BWD).bwd_dq_kernel).launch(
         (_cdiv(n_q, c.block_m2), Z * H), (*ins, L, delta, dq, *strides, *sizes),
         _dq_constexprs(is_causal, d, c, tma, dot_precision(q.dtype)))
