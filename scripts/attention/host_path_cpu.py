@@ -67,9 +67,14 @@ def stub_kernels() -> None:
         def __getitem__(self, grid):
             return lambda *args, **kw: compiled
 
+    stand_ins: dict = {}
+
     class Kernels:  # kernel modules whose every kernel dispatches to nothing
         def __getattr__(self, name):
-            return NoDispatch(getattr(real_kernels(KERNEL_MODULE[0]), name))
+            real = getattr(real_kernels(KERNEL_MODULE[0]), name)
+            if real not in stand_ins:  # one stand-in per kernel, as Triton keeps one JITFunction
+                stand_ins[real] = NoDispatch(real)
+            return stand_ins[real]
 
     real_kernels, KERNEL_MODULE = flash_launch.kernels, [None]
 
