@@ -23,6 +23,7 @@ def test_spec_tells_apart_what_triton_compiles_differently():
     assert spec(buf) != spec(buf.double())
     assert spec(16) != spec(17) and spec(1) != spec(2)  # integers specialise on value (== 1, % 16)
     assert spec(True) != spec(1)  # a bool is typed i1, the integer 1 i32
+    assert spec(1.0) != spec(1) and spec(None) != spec(0)  # fp32 and i32; no value and zero
 
 
 class StandIn:

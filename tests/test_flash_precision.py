@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from cs336_systems.attention import flash_launch
-from cs336_systems.attention.fast import FlashAttentionFast, direct_launch
+from cs336_systems.attention.fast import FlashAttentionFast, direct_launch, triton_launch
 from cs336_systems.attention.fast import launch as fast_launch
 from cs336_systems.attention.fast.plans import BwdPlan
 from cs336_systems.attention.flash_launch import dot_precision
@@ -111,6 +111,7 @@ def test_every_launch_passes_the_precision(bwd, dtype, opt_in, expected, monkeyp
     recorder = LaunchRecorder()
     monkeypatch.setattr(flash_launch, "kernels", lambda module: recorder)
     monkeypatch.setattr(fast_launch, "kernels", lambda module: recorder)  # the one-pass kernel's launcher
+    monkeypatch.setattr(triton_launch, "kernels", lambda module: recorder)  # the fast path's other launches
     # no GPU, nothing compiled: the direct launcher takes Triton's dispatch, which the recorder stands in for
     monkeypatch.setattr(direct_launch, "interpreting", lambda: True)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # nothing runs; bf16 is refused only by the interpreter

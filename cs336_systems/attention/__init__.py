@@ -7,7 +7,8 @@
     flash_fwd_kernel.py, flash_bwd_kernel.py, tile_io.py   the Triton kernels
     tiles.py, flash_launch.py       the tiles a launch is handed, and the launches
     flash_triton.py                 the Triton FlashAttention-2 as an autograd Function
-    inputs.py, saved_state.py, triton_loader.py, flops.py, api.py   checks, plumbing, the entry point
+    inputs.py, saved_state.py, triton_loader.py, device_facts.py, flops.py, api.py
+                                    checks, plumbing, the entry point
 
 Beside it, never imported by it: `fast/` (measured tiles, the one-pass and Gluon kernels, the tuner,
 the A/B experiments) and `benchmarks/` (the registered attention benchmarks).

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import Tensor
 
+from .device_facts import capability
 from .inputs import refuse_under_interpreter
 from .tiles import BwdConfig, FwdConfig, default_bwd, default_fwd
 from .triton_loader import interpreting, kernels, next_power_of_2
@@ -101,7 +102,7 @@ def tma_ok(*ts: Tensor) -> bool:
     d = ts[0].shape[-1]
     if d != next_power_of_2(max(d, 16)):
         return False
-    if not interpreting() and not (ts[0].is_cuda and torch.cuda.get_device_capability(ts[0].device)[0] >= 9):
+    if not interpreting() and not (ts[0].is_cuda and capability(ts[0].device)[0] >= 9):
         return False
     return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
                and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)

@@ -9,6 +9,7 @@ tests/conftest.py does so on machines without a GPU.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from types import ModuleType
@@ -39,11 +40,13 @@ def kernels(module_name: str) -> ModuleType:
         if (e.name or "").split(".")[0] != "triton":  # a missing module of ours is a different bug
             raise
         raise TritonNotInstalled(f"{module_name}: {NO_TRITON}") from e
-    if interpreting():
-        _squeeze_scalar_index()
+    # Whatever the mode: asking the environment for it costs more than the patch, which is applied
+    # once and changes nothing where the interpreter never runs; this is called on every launch.
+    _squeeze_scalar_index()
     return module
 
 
+@functools.cache
 def _squeeze_scalar_index() -> None:
     """Let Triton 3.6's interpreter use a scalar argument as a loop bound under numpy >= 2.4.
 
@@ -51,15 +54,16 @@ def _squeeze_scalar_index() -> None:
     and turns it into a Python int with `int(array)`, which numpy 2.4 refuses ("only 0-dimensional
     arrays can be converted to Python scalars"): every `range(0, n_keys, BLOCK_N)` fails. Triton
     3.7+ squeezes the array first; this does the same after 3.6 patches its tensors. Nothing
-    changes on a GPU or on other Triton versions."""
+    changes on a GPU (the patched function is the interpreter's) or on other Triton versions. Once
+    per process."""
     import triton
 
     if not triton.__version__.startswith("3.6"):
         return
     from triton.runtime import interpreter
 
-    patch = interpreter._patch_lang_tensor
-    if getattr(patch, "squeezes_index", False):
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "squeezes_index", False):
         return
 
     def patch_and_squeeze(tensor, scope):

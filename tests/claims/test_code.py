@@ -47,6 +47,13 @@ CHANGED_SINCE_THE_GPU_TESTS = {
     # the float64 reference masks with -inf instead of adding -1e6: for the tests' inputs the same
     # values (exp(-1e6 + O(10)) is exactly 0 in float64, as exp(-inf) is)
     "cs336_systems/attention/reference.py",
+    # the host path (issue 30): the fast path's Triton launches go to the compiled launchers directly,
+    # device facts and the interpreter's patch asked once, the eager input checks' verdict remembered;
+    # tested on the CPU with the launches recorded
+    "cs336_systems/attention/fast/function.py", "cs336_systems/attention/fast/triton_launch.py", "cs336_systems/attention/fast/direct_launch.py",
+    "cs336_systems/attention/device_facts.py", "cs336_systems/attention/flash_launch.py",
+    "cs336_systems/attention/triton_loader.py", "cs336_systems/attention/__init__.py",
+    "tests/test_direct_launch.py", "tests/test_flash_precision.py",  # new CPU cases; their GPU tests unchanged
 }
 
 

@@ -8,6 +8,11 @@ torch.compile around it) is issued many times behind a long `torch.cuda._sleep`,
 on the GPU and the wall time per call is the host's alone.
 
     just bench flash-host [--calls 50] [--rounds 5] [--profile FILE]
+    just bench flash-host --batch 32 --heads 32 --seq 1024 --d 128    # 1 x 32 x 1024: the GPU waits on the host
+
+The eager forward+backward step of ours is timed beside cuDNN's, and once more with every launch
+through Triton's dispatch (`direct_launch.dispatch_only`), so one run shows what launching the
+compiled kernels directly saves.
 
 --profile FILE: afterwards, the eager forward+backward step (Fn.apply, then backward) under cProfile
 for --calls calls, the GPU kept busy the same way; the functions with the most own time go to FILE
@@ -44,6 +49,7 @@ def host_us(fn: Callable[[], object], calls: int) -> float:
 def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], object]]:
     """What a forward (and a forward+backward) step runs on the host, piece by piece."""
     from ..fast import FlashAttentionFast
+    from ..fast.direct_launch import dispatch_only
     from ..fast.table import lookup_fwd
     from ..fast.tuned_configs import TUNED
     from ..flash_launch import _descriptors, launch_fwd
@@ -63,11 +69,18 @@ def pieces(batch: int, heads: int, seq: int, d: int) -> dict[str, Callable[[], o
             f(q, k, v).sum().backward()
         return run
 
+    def dispatched(run):
+        def through_triton():
+            with dispatch_only():
+                run()
+        return through_triton
+
     found = {
         "cudnn: forward": lambda: cudnn(q, k, v),
         "ours: forward (torch.compile(Fn.apply), the leaderboard's call)": lambda: ours(q, k, v),
         "ours: forward (Fn.apply, eager)": lambda: FlashAttentionFast.apply(q, k, v, True),
         "ours: forward+backward step (Fn.apply, eager)": step(eager),
+        "ours: forward+backward step (Fn.apply, eager, Triton's dispatch)": dispatched(step(eager)),
         "ours: input checks": lambda: check_triton_inputs(q, k, v, True),
         "ours: launch_fwd, TMA loads": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=True)),
         "ours: launch_fwd, pointers": lambda: launch_fwd(q4, k4, v4, True, replace(tuned, tma=False)),

@@ -2,6 +2,7 @@
 
     plans.py, table.py, tuned_configs.py   what to launch per shape, and the measured table (data)
     launch.py, function.py                 run a plan; `FlashAttentionFast`, the tuned autograd Function
+    triton_launch.py, direct_launch.py     the teaching kernels launched without Triton's per-call dispatch
     op.py                                  the same kernels as a torch.library custom op (what the
                                            training step runs: compile and checkpoint policies see it)
     flash_bwd_onepass_kernel.py            the one-pass backward (dQ by fp32 atomics or TMA reductions)

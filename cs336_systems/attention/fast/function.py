@@ -13,6 +13,7 @@ import functools
 import torch
 
 from ..flash_triton import check_triton_inputs, unit_last_stride
+from ..inputs import AttentionInputs
 from ..saved_state import load_attention_state, save_attention_state, unfold_like
 from ..triton_loader import interpreting
 from .launch import launch_bwd, launch_fwd
@@ -28,8 +29,9 @@ class FlashAttentionFast(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, fwd_plan: FwdPlan | None = None, bwd_plan: BwdPlan | None = None):
-        x = check_triton_inputs(q, k, v, is_causal)
-        forward = _forward_opaque if torch.compiler.is_compiling() else _forward
+        compiling = torch.compiler.is_compiling()
+        x = check_triton_inputs(q, k, v, is_causal) if compiling else checked_inputs(q, k, v, is_causal)
+        forward = _forward_opaque if compiling else _forward
         o4, L = forward(x.q, x.k, x.v, x.is_causal, fwd_plan)  # (Z, H, n_q, d), (Z, H, n_q) fp32
         o = unfold_like(o4, len(x.lead))
         save_attention_state(ctx, x, o, L)
@@ -44,6 +46,32 @@ class FlashAttentionFast(torch.autograd.Function):
         dq, dk, dv = backward(q, k, v, o, L, do4, ctx.is_causal, ctx.bwd_plan)
         return (unfold_like(dq, ctx.lead_ndim), unfold_like(dk, ctx.lead_ndim),
                 unfold_like(dv, ctx.lead_ndim), None, None, None)
+
+
+_PASSED: set[tuple] = set()  # the facts of inputs that passed check_triton_inputs
+MAX_PASSED = 4096  # kinds of inputs remembered (a training run has a handful)
+
+
+def checked_inputs(q, k, v, is_causal) -> AttentionInputs:
+    """`check_triton_inputs(q, k, v, is_causal)` for an eager call, the verdict remembered: whether
+    inputs pass depends only on their shapes, dtypes and devices, the mask and the interpreter
+    mode, so inputs whose facts passed before skip the checks (a few microseconds of every call).
+    Anything else, or a first sight, takes the full check, which raises naming the argument."""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor \
+            or type(is_causal) is not bool:
+        return check_triton_inputs(q, k, v, is_causal)  # tensor subclasses, 0-d tensor masks, ints
+    facts = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, is_causal,
+             interpreting())
+    if facts not in _PASSED:
+        x = check_triton_inputs(q, k, v, is_causal)
+        if len(_PASSED) >= MAX_PASSED:
+            _PASSED.clear()
+        _PASSED.add(facts)
+        return x
+    lead = tuple(q.shape[:-2])  # (batch,) or (batch, heads)
+    if len(lead) == 1:  # (batch, seq, d): one head, as check_attention_inputs makes it
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    return AttentionInputs(unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), lead, is_causal)
 
 
 # A plan depends only on the key's fields (and on whether the interpreter runs, which picks its own

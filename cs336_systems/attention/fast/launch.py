@@ -2,8 +2,9 @@
 
 `launch_fwd` / `launch_bwd` take a plan (`plans.py`, usually looked up in the tuned table): the
 Gluon kernel where the plan names one and the inputs qualify, else the one-pass backward where
-the plan says so, else the teaching path's launchers with the plan's tiles. Same tensor contract
-as `flash_launch`: 4-D (Z, H, N, d) inputs with a unit last stride, contiguous results.
+the plan says so, else the teaching path's kernels with the plan's tiles (launched directly:
+`triton_launch`). Same tensor contract as `flash_launch`: 4-D (Z, H, N, d) inputs with a unit last
+stride, contiguous results.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import warnings
 import torch
 from torch import Tensor
 
-from .. import flash_launch
-from ..flash_launch import _bwd_args, _cdiv, _descriptors, _no_tail, _shape, dot_precision, launch_preprocess, tma_ok
+from ..flash_launch import _bwd_args, _cdiv, _descriptors, _no_tail, _shape, dot_precision, tma_ok
 from ..tiles import BwdConfig
 from ..triton_loader import interpreting, kernels, next_power_of_2
+from . import triton_launch
 from .direct_launch import direct
 from .plans import BwdPlan, FwdPlan
+from .triton_launch import launch_preprocess
 
 BWD_ONEPASS = "cs336_systems.attention.fast.flash_bwd_onepass_kernel"
 
@@ -34,7 +36,7 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, plan: FwdPlan) 
         if why is None:
             return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups)
         _warn_fallback("forward", why)
-    return flash_launch.launch_fwd(q, k, v, is_causal, plan.tiles)
+    return triton_launch.launch_fwd(q, k, v, is_causal, plan.tiles)
 
 
 def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
@@ -48,7 +50,7 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
         _warn_fallback("backward", why)
     if plan.one_pass:
         return launch_bwd_onepass(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.tiles)
-    return flash_launch.launch_bwd(q, k, v, o, L, do, is_causal, plan.tiles)
+    return triton_launch.launch_bwd(q, k, v, o, L, do, is_causal, plan.tiles)
 
 
 CONTIGUOUS = "needs contiguous inputs"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...device_facts import capability
+
 GLUON_TRITON = "3.6"
 
 
@@ -15,7 +17,7 @@ def input_problem(tensors: tuple[Tensor, ...], head_dims: tuple[int, ...]) -> st
     import triton
 
     q = tensors[0]
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
+    if not (q.is_cuda and capability(q.device)[0] == 9):
         return "needs a Hopper GPU (sm_90)"
     if not triton.__version__.startswith(GLUON_TRITON):
         return f"written against Triton {GLUON_TRITON}'s Gluon API (installed: {triton.__version__})"
