@@ -12,6 +12,15 @@ from tests.triton_mode import NO_TRITON
 
 pytest.importorskip("triton", reason=NO_TRITON)
 
+from cs336_systems.attention.triton_loader import interpreting  # noqa: E402
+
+# Where the fast path takes inputs: CUDA tensors on a GPU, CPU ones under the interpreter
+DEV = "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, device=DEV)
+
 
 @pytest.fixture
 def counted(monkeypatch):
@@ -34,18 +43,18 @@ def _same(x, y) -> bool:
 
 @pytest.mark.parametrize("shape", [(2, 24, 16), (2, 3, 24, 16)], ids=["3-D", "4-D"])
 def test_remembered_inputs_give_what_the_full_check_gives(counted, shape):
-    q, k, v = (torch.randn(shape) for _ in range(3))
-    strided = torch.randn(*shape[:-1], 32)[..., ::2]  # last stride 2: copied to a unit last stride
+    q, k, v = (randn(*shape) for _ in range(3))
+    strided = randn(*shape[:-1], 32)[..., ::2]  # last stride 2: copied to a unit last stride
     for args in ((q, k, v, True), (q, k, v, True), (strided, k, v, False), (strided, k, v, False)):
         assert _same(function.checked_inputs(*args), check_triton_inputs(*args))
     assert len(counted) == 2  # once per kind of input: (causal, contiguous) and (full, strided q)
 
 
 def test_other_facts_take_the_full_check_and_its_error(counted):
-    q = torch.randn(1, 2, 24, 16)
+    q = randn(1, 2, 24, 16)
     function.checked_inputs(q, q, q, True)
     with pytest.raises(ValueError, match="^k must have q's head dim"):
-        function.checked_inputs(q, torch.randn(1, 2, 24, 32), torch.randn(1, 2, 24, 32), True)
+        function.checked_inputs(q, randn(1, 2, 24, 32), randn(1, 2, 24, 32), True)
     with pytest.raises(ValueError, match="^k must have q's dtype"):
         function.checked_inputs(q, q.double(), q, True)
     with pytest.raises(ValueError, match="^is_causal must be a bool"):
@@ -69,13 +78,13 @@ def test_the_interpreter_mode_is_part_of_the_verdict(counted, monkeypatch):
 
 
 def test_a_tensor_subclass_is_checked_every_time(counted):
-    p = torch.nn.Parameter(torch.randn(1, 2, 24, 16))
+    p = torch.nn.Parameter(randn(1, 2, 24, 16))
     for _ in range(2):
         function.checked_inputs(p, p, p, True)
     assert len(counted) == 2
 
 
 def test_a_plan_is_built_once_per_key():
-    q = torch.randn(1, 2, 24, 16)
+    q = randn(1, 2, 24, 16)
     assert function._plan("fwd", q, q, True) is function._plan("fwd", q.clone(), q.clone(), True)
     assert function._plan("bwd", q, q, True) is not function._plan("bwd", q, q, False)
