@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "attention" / "host_path_cpu.py"
+ROOT = Path(__file__).parents[1]
+SCRIPT = ROOT / "scripts" / "attention" / "host_path_cpu.py"
 
 
 def _run(*args: str, interpret: bool = False) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the checkout's package, installed or not (the script's own directory is what Python puts first)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
