@@ -126,11 +126,25 @@ DQ_OWN = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
           "        mbarrier.arrive(ld_empty.index(s), count=1)\n"
           "        mbarrier.arrive(ds_free.index(t), count=1)\n")
 
+# dv_rs / dk_rs: P^T (dv_rs) or dS^T (dk_rs) as dV's / dK's left operand from registers instead of
+# shared memory. Three of the five products per tile read both operands from shared memory at
+# N = 64, which alone asks for about the whole shared-memory bandwidth at the tensor cores' rate;
+# a register operand takes 8 KB a tile off it (dv_rs also skips P^T's store), at the price of 16
+# registers per thread held until the product retires.
+Q_LAYOUT = "    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])\n"
+A_LAYOUT = ("    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(\n"
+            "        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]), k_width=2)  # a register operand\n")
+P_STORE = "        p_w.store(pT.to(dtype))\n"
+DV_SS = "        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
+DK_SS = "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
+
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
     "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1; "
             "after dq_next too: dq_next+red2)",
+    "dv_rs": "P^T from registers as dV's left operand (no P^T store)",
+    "dk_rs": "dS^T from registers as dK's left operand (still stored for dQ)",
     "dq_first": "dQ's matmul issued before dK's and waited for alone: its adds overlap dK's matmul",
     "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
@@ -152,6 +166,7 @@ def variant_source(name: str, source: str) -> str:
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
              "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
              "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL), "dq_first": (MMA_TAIL,),
+             "dv_rs": (Q_LAYOUT, P_STORE, DV_SS), "dk_rs": (Q_LAYOUT, DK_SS),
              "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
@@ -160,6 +175,13 @@ def variant_source(name: str, source: str) -> str:
         return source
     if name == "dq_first":
         return source.replace(MMA_TAIL, DQ_FIRST)
+    if name in ("dv_rs", "dk_rs"):
+        if A_LAYOUT not in source:  # once, for either or both
+            source = source.replace(Q_LAYOUT, Q_LAYOUT + A_LAYOUT)
+        if name == "dv_rs":
+            return source.replace(P_STORE, "").replace(
+                DV_SS, "        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)\n")
+        return source.replace(DK_SS, "        dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)\n")
     if name == "dq_own":
         return (source.replace(MMA_TAIL, DQ_OWN).replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two column halves at 2 W and 2 W + 1\n"))
