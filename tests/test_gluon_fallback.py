@@ -30,7 +30,7 @@ def hopper(monkeypatch):
     """A Hopper GPU with the GPU's Triton (3.6); the launchers record what they were given."""
     import triton
 
-    from cs336_systems.attention.fast import launch, triton_launch
+    from cs336_systems.attention.fast import launch
     from cs336_systems.attention.fast.gluon import bwd128_ws, fwd_ws
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -41,8 +41,8 @@ def hopper(monkeypatch):
     monkeypatch.setattr(fwd_ws, "launch_fwd_ws", lambda q, k, v, *a: calls.append(("gluon fwd", q)) or "gluon")
     monkeypatch.setattr(bwd128_ws, "launch_bwd128_ws", lambda q, k, v, do, *a: calls.append(("gluon bwd", q)) or "g")
     monkeypatch.setattr(launch, "launch_preprocess", lambda o, do: None)
-    monkeypatch.setattr(triton_launch, "launch_fwd", lambda *a: calls.append(("triton fwd", a[0])) or "triton")
-    monkeypatch.setattr(triton_launch, "launch_bwd", lambda *a: calls.append(("triton bwd", a[0])) or "triton")
+    monkeypatch.setattr(launch, "launch_triton_fwd", lambda *a: calls.append(("triton fwd", a[0])) or "triton")
+    monkeypatch.setattr(launch, "launch_triton_bwd", lambda *a: calls.append(("triton bwd", a[0])) or "triton")
     return calls
 
 

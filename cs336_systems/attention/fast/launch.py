@@ -17,9 +17,10 @@ from torch import Tensor
 from ..flash_launch import _bwd_args, _cdiv, _descriptors, _no_tail, _shape, dot_precision, tma_ok
 from ..tiles import BwdConfig
 from ..triton_loader import interpreting, kernels, next_power_of_2
-from . import triton_launch
 from .direct_launch import direct
 from .plans import BwdPlan, FwdPlan
+from .triton_launch import launch_bwd as launch_triton_bwd
+from .triton_launch import launch_fwd as launch_triton_fwd
 from .triton_launch import launch_preprocess
 
 BWD_ONEPASS = "cs336_systems.attention.fast.flash_bwd_onepass_kernel"
@@ -36,7 +37,7 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, plan: FwdPlan) 
         if why is None:
             return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups)
         _warn_fallback("forward", why)
-    return triton_launch.launch_fwd(q, k, v, is_causal, plan.tiles)
+    return launch_triton_fwd(q, k, v, is_causal, plan.tiles)
 
 
 def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
@@ -50,7 +51,7 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
         _warn_fallback("backward", why)
     if plan.one_pass:
         return launch_bwd_onepass(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.tiles)
-    return triton_launch.launch_bwd(q, k, v, o, L, do, is_causal, plan.tiles)
+    return launch_triton_bwd(q, k, v, o, L, do, is_causal, plan.tiles)
 
 
 CONTIGUOUS = "needs contiguous inputs"
