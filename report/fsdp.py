@@ -1,6 +1,6 @@
 """The FSDP chapter's numbers (docs/fsdp.md): what the shard arithmetic expects, computed at build
 time. Nothing here reads results/fsdp/ (the two-GPU run has not written it yet). The tables come
-from package functions at the benchmark's own setting (cs336_systems/distributed/fsdp_bench.py: our
+from package functions at the benchmark's own setting (cs336_systems/distributed/fsdp_measure.py: our
 preset `xl`, the DDP chapter's global batch of 4 sequences over 2 ranks, the preset's context).
 
 The all-gather prediction (`gather_windows`) combines the model's shapes with three committed
@@ -17,8 +17,8 @@ import pandas as pd
 
 from cs336_systems.distributed.fsdp import is_sharded_layer
 from cs336_systems.distributed.fsdp.fsdp import REDUCE_SCATTERS_IN_FLIGHT
-from cs336_systems.distributed.fsdp_bench import BENCH as STEPS_BENCH
-from cs336_systems.distributed.fsdp_bench import GLOBAL_BATCH, STAGE, TRACE_BENCH
+from cs336_systems.distributed.fsdp_measure import BENCH as STEPS_BENCH
+from cs336_systems.distributed.fsdp_measure import GLOBAL_BATCH, STAGE, TRACE_BENCH
 from cs336_systems.model import TransformerLM, count_parameters, get_config
 from cs336_systems.sharding import accounting as acc
 from cs336_systems.sharding import preset_accounting as pa
