@@ -12,7 +12,7 @@ from cs336_systems.attention.fast.experiments import ab_bwd128
 SOURCE = ab_bwd128.KERNEL_FILE.read_text()
 
 
-@pytest.mark.parametrize("version", [*ab_bwd128.VERSIONS, "red2+one_wait", "dq_next+red2", "dv_rs+dk_rs"])
+@pytest.mark.parametrize("version", [*ab_bwd128.VERSIONS, "red2+one_wait", "dq_next+red2"])
 def test_every_version_edits_the_committed_kernel(version):
     edited = ab_bwd128.variant_source(version, SOURCE)
     ast.parse(edited)
@@ -64,10 +64,7 @@ def test_dq_own_adds_all_columns_of_its_own_keys_share():
     assert "[row_q + i * BM, 0]" in edited and "[row_q + i * BM, 64]" in edited and "[4, BM, 64]" in edited
 
 
-def test_register_operands_replace_the_shared_memory_ones():
-    edited = ab_bwd128.variant_source("dv_rs+dk_rs", SOURCE)
-    assert edited.count("a_l: gl.constexpr = gl.DotOperandLayout(") == 1  # one layout for both
-    assert "p_w.store(" not in edited  # P^T no longer goes through shared memory
-    assert "warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv" in edited
-    assert "warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk" in edited
-    assert "ds_w.store(dsT)" in edited  # dS^T is still dQ's operand
+def test_the_committed_kernel_takes_dv_and_dks_left_operands_from_registers():
+    # the rows named dv_rs, dk_rs in results/attention/ab_bwd128 measured this against shared memory
+    assert ab_bwd128.DV_MMA in SOURCE and ab_bwd128.DK_MMA in SOURCE
+    assert "p_w" not in SOURCE  # P^T has no shared-memory buffer

@@ -87,18 +87,17 @@ def _dq_adds(tile: str, indent: str) -> str:
 # waited for with dK's still in flight, so its staging store and reduction overlap dK's matmul
 # (the committed kernel waits for dV and dK before it issues dQ's: dQ's chain runs alone, the
 # tensor cores idle while dQ is staged). ld_empty and ds_free are released once dK's is done.
-MMA_TAIL = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
-            "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
+DV_MMA = "        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)\n"
+DK_MMA = "        dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)\n"
+MMA_TAIL = (DV_MMA + DK_MMA
             + WAIT_DKDV
             + "        # dQ's columns of W: dS (BM, BN) K[:, cols] once both halves of dS^T are in\n"
             "        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)\n"
             + DQ_MMA + "        mbarrier.arrive(ds_free.index(t), count=1)\n" + REDUCE)
-DQ_FIRST = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
-            "        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)  # the other half of dS^T\n"
+DQ_FIRST = (DV_MMA + "        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)  # the other half of dS^T\n"
             "        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l), "
             "use_acc=False, is_async=True)\n"
-            "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
-            "        dv, dq = hopper.warpgroup_mma_wait(1, deps=[dv, dq])  # groups retire in order: dK's in flight\n"
+            + DK_MMA + "        dv, dq = hopper.warpgroup_mma_wait(1, deps=[dv, dq])  # groups retire in order: dK's in flight\n"
             + REDUCE
             + "        dk = hopper.warpgroup_mma_wait(0, deps=[dk])\n"
             "        mbarrier.arrive(ld_empty.index(s), count=1)\n"
@@ -107,13 +106,11 @@ DQ_FIRST = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
 # dq_own: each math warpgroup adds its own keys' share of dQ, dS[:, keys of W] K[keys of W, :]
 # (all 128 columns, as two 64-column matmuls), so it never waits for the other warpgroup's half
 # of dS^T; the price is twice the reduction traffic (every dQ tile added twice per key block).
-DQ_OWN = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
-          "        dqa = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(0, 64, dim=1), gl.zeros([BM, 64], gl.float32, q_l), "
+DQ_OWN = (DV_MMA + "        dqa = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(0, 64, dim=1), gl.zeros([BM, 64], gl.float32, q_l), "
           "use_acc=False, is_async=True)\n"
           "        dqb = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(64, 64, dim=1), gl.zeros([BM, 64], gl.float32, q_l), "
           "use_acc=False, is_async=True)\n"
-          "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
-          "        dv, dqa, dqb = hopper.warpgroup_mma_wait(1, deps=[dv, dqa, dqb])  # dK's in flight\n"
+          + DK_MMA + "        dv, dqa, dqb = hopper.warpgroup_mma_wait(1, deps=[dv, dqa, dqb])  # dK's in flight\n"
           "        tma.store_wait(0)  # the previous tile's reductions have read the staging buffers\n"
           "        gl.thread_barrier()\n"
           "        red.index(2 * W).store(dqa * sm_scale)\n"
@@ -126,25 +123,14 @@ DQ_OWN = ("        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
           "        mbarrier.arrive(ld_empty.index(s), count=1)\n"
           "        mbarrier.arrive(ds_free.index(t), count=1)\n")
 
-# dv_rs / dk_rs: P^T (dv_rs) or dS^T (dk_rs) as dV's / dK's left operand from registers instead of
-# shared memory. Three of the five products per tile read both operands from shared memory at
-# N = 64, which alone asks for about the whole shared-memory bandwidth at the tensor cores' rate;
-# a register operand takes 8 KB a tile off it (dv_rs also skips P^T's store), at the price of 16
-# registers per thread held until the product retires.
-Q_LAYOUT = "    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])\n"
-A_LAYOUT = ("    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(\n"
-            "        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]), k_width=2)  # a register operand\n")
-P_STORE = "        p_w.store(pT.to(dtype))\n"
-DV_SS = "        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)\n"
-DK_SS = "        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)\n"
+# Rows named dv_rs, dk_rs and dv_rs+dk_rs are of two versions the kernel has since taken in: P^T
+# and dS^T as register operands of dV's and dK's products (they were read from shared memory).
 
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
     "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1; "
             "after dq_next too: dq_next+red2)",
-    "dv_rs": "P^T from registers as dV's left operand (no P^T store)",
-    "dk_rs": "dS^T from registers as dK's left operand (still stored for dQ)",
     "dq_first": "dQ's matmul issued before dK's and waited for alone: its adds overlap dK's matmul",
     "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
@@ -166,7 +152,6 @@ def variant_source(name: str, source: str) -> str:
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
              "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
              "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL), "dq_first": (MMA_TAIL,),
-             "dv_rs": (Q_LAYOUT, P_STORE, DV_SS), "dk_rs": (Q_LAYOUT, DK_SS),
              "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
@@ -175,13 +160,6 @@ def variant_source(name: str, source: str) -> str:
         return source
     if name == "dq_first":
         return source.replace(MMA_TAIL, DQ_FIRST)
-    if name in ("dv_rs", "dk_rs"):
-        if A_LAYOUT not in source:  # once, for either or both
-            source = source.replace(Q_LAYOUT, Q_LAYOUT + A_LAYOUT)
-        if name == "dv_rs":
-            return source.replace(P_STORE, "").replace(
-                DV_SS, "        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)\n")
-        return source.replace(DK_SS, "        dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)\n")
     if name == "dq_own":
         return (source.replace(MMA_TAIL, DQ_OWN).replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two column halves at 2 W and 2 W + 1\n"))

@@ -14,7 +14,8 @@ BN = 128 keys:
     math warpgroup W (`_math`), keys k0 + 64 W .. + 63, per query tile i:
             S^T = K_W Q^T,  P^T = exp2(S^T c - L2),  dV_W += P^T dO,  dP^T = V_W dO^T,
             dS^T = P^T (dP^T - Delta),  dK_W += dS^T Q
-        then dS^T into its half of the shared (BN, BM) tile of slot i % SLOTS; once both halves
+        with P^T and dS^T as register operands of dV's and dK's products; dS^T also goes into
+        its half of the shared (BN, BM) tile of slot i % SLOTS; once both halves
         are there (ds_ready), dQ[:, 64 W: 64 W + 64] += dS K[:, 64 W: 64 W + 64] * sm_scale,
         added into the fp32 dQ by a TMA bulk reduction from the warpgroup's staging buffer.
         Under the causal mask only the first tiles cross the warpgroup's diagonal: they run in a
@@ -51,13 +52,16 @@ def _load(q_desc, k_desc, v_desc, do_desc, k_s, v_s, q_s, do_s, kv_bar, ld_full,
 
 # --8<-- [start:tiles]
 @gluon.jit
-def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, p_w,
+def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s,
            red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale,
            D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
            MASKED: gl.constexpr):
     """Query tiles i0 .. i1 - 1 of math warpgroup W; returns the carried dK, dV."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    # the left operand of dV's and dK's products, (64 keys, BM) from registers
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]), k_width=2)
     dtype: gl.constexpr = k_w.dtype
     for i in range(i0, i1):
         s = i % STAGES
@@ -80,19 +84,20 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
         Di = gl.load(D_row + offs_m)
         dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])
         dsT = (pT * (dpT - Di[None, :])).to(dtype)
-        # P^T and this warpgroup's half of the (BN, BM) dS^T tile go to shared memory: the operands
-        # of dV's and dK's matmuls there (not registers: 16 more per thread held by an in-flight
-        # matmul spill), and dS^T is both warpgroups' dQ operand
+        # dV's and dK's left operands come from registers: three of the five products reading
+        # both operands from shared memory at N = 64 asked for about all of its bandwidth
+        # (the A/B run against shared-memory operands: results/attention/ab_bwd128).
+        # This warpgroup's half of the (BN, BM) dS^T tile still goes to shared memory: it is both
+        # warpgroups' dQ operand.
         t = i % SLOTS
         ds_w = ds_s.index(t).slice(64 * W, 64)
-        p_w.store(pT.to(dtype))
         mbarrier.wait(ds_free.index(t), ((i // SLOTS) & 1) ^ 1)
         ds_w.store(dsT)
         fence_async_shared()  # the generic-proxy stores, before any MMA reads them
         gl.thread_barrier()  # all four warps' parts stored
         mbarrier.arrive(ds_ready.index(t), count=1)
-        dv = hopper.warpgroup_mma(p_w, do, dv, is_async=True)
-        dk = hopper.warpgroup_mma(ds_w, q, dk, is_async=True)
+        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
+        dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)
         dv, dk = hopper.warpgroup_mma_wait(0, deps=[dv, dk])
         mbarrier.arrive(ld_empty.index(s), count=1)  # Q, dO of slot s are read by no MMA of ours any more
         # dQ's columns of W: dS (BM, BN) K[:, cols] once both halves of dS^T are in
@@ -111,7 +116,7 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
 
 
 @gluon.jit
-def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, p_s, red_s, kv_bar, ld_full, ld_empty, ds_ready, ds_free,
+def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready, ds_free,
           bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
           SLOTS: gl.constexpr, CAUSAL: gl.constexpr, W: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
@@ -122,7 +127,6 @@ def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, p_s, red_s, kv_b
     v_w = v_s.slice(64 * W, 64)
     k_cols = k_s.slice(64 * W, 64, dim=1)  # (BN keys, the 64 dQ columns of W)
     red = red_s.index(W)
-    p_w = p_s.index(W)
     offs_n = key0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_l))
     dk = gl.zeros([64, D], gl.float32, o_l)
     dv = gl.zeros([64, D], gl.float32, o_l)
@@ -133,10 +137,10 @@ def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, p_s, red_s, kv_b
     if CAUSAL:  # the tiles with queries below key0 + 64 cross this warpgroup's diagonal
         n_diag = gl.minimum((key0 + 64 - lo + BM - 1) // BM, n_iter)
     mbarrier.wait(kv_bar, 0)
-    dk, dv = _tiles(0, n_diag, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, p_w, red,
+    dk, dv = _tiles(0, n_diag, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, red,
                     ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale, D, BM, STAGES, SLOTS, W,
                     True)
-    dk, dv = _tiles(n_diag, n_iter, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, p_w, red,
+    dk, dv = _tiles(n_diag, n_iter, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, red,
                     ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale, D, BM, STAGES, SLOTS, W,
                     False)
     tma.store_wait(0)
@@ -181,7 +185,6 @@ def bwd128_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, dq_desc, DK, DV,
     do_s = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_l)
     ds_s = gl.allocate_shared_memory(dtype, [SLOTS, BN, BM], ds_l)
     red_s = gl.allocate_shared_memory(gl.float32, [2, BM, 64], dq_desc.layout)
-    p_s = gl.allocate_shared_memory(dtype, [2, 64, BM], gl.NVMMASharedLayout.get_default_for([64, BM], dtype))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ld_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ld_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -195,9 +198,9 @@ def bwd128_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, dq_desc, DK, DV,
         mbarrier.init(ds_ready.index(t), count=2)  # both halves of dS^T stored
         mbarrier.init(ds_free.index(t), count=2)  # both dQ matmuls have read it
     gl.warp_specialize([
-        (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, p_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
+        (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
                  ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, 0)),
-        (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, p_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
+        (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
                  ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, 1)),
         (_load, (q_desc, k_desc, v_desc, do_desc, k_s, v_s, q_s, do_s, kv_bar, ld_full, ld_empty, bh, k0, lo, n_iter,
                  n_q, n_k, D, BM, BN, STAGES)),
