@@ -12,6 +12,8 @@ from .results import load_results, markdown_table, provenance_line
 
 PROBE, AB = "attention/d128_probe", "attention/ab_bwd128"
 STEP = {"batch": 1, "heads": 32, "seq": 32768, "causal": True}
+# the A/B runs of the register operands against the shared-memory ones (causal, not causal)
+REGS_CAUSAL, REGS_FULL = "20261201T224133", "20261201T224247"
 
 # (what changed, bench, run, our forward's impl, our backward's impl): the versions in the order
 # they were made; None where the row's kernel is the previous row's (not timed again)
@@ -26,8 +28,10 @@ VERSIONS = (
     ("the same backward without dQ at all (ablation: dQ wrong)", AB, "20261201T160722", None, "no_dq st2 sl1"),
     ("the programs of one head run together (both kernels)", PROBE, "20261201T161804",
      "gluon_ws nw2 bn128 st3 g1", "gluon_bwd128 st2 sl1 g1"),
+    ("P^T and dS^T as register operands of dV's and dK's products", AB, REGS_CAUSAL, None, "dv_rs+dk_rs st2 sl1"),
+    ("the same with three Q/dO stages, which now fit", AB, "20261201T224225", None, "dv_rs+dk_rs st3 sl1"),
 )
-FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED = (v[0] for v in VERSIONS[2:7])
+FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED, REGS, REGS_ST3 = (v[0] for v in VERSIONS[2:9])
 
 
 def _rows(bench: str, run: str) -> pd.DataFrame:
@@ -95,10 +99,35 @@ DQ_ATTEMPTS = (
 )
 
 
-def _speedup(version: str, run: str, causal: bool) -> float:
-    """The committed kernel's time over the version's, in one run (stages 2, slots 1)."""
-    df = where(load_results(AB, status="ok"), run=run, causal=causal, impl="gluon bwd128", stages=2, slots=1)
+def _speedup(version: str, run: str, causal: bool, stages: int = 2, slots: int = 1) -> float:
+    """The committed kernel's time over the version's, in one run, both at (stages, slots)."""
+    df = where(load_results(AB, status="ok"), run=run, causal=causal, impl="gluon bwd128", stages=stages, slots=slots)
     return float(where(df, version="full").ms.median() / where(df, version=version).ms.median())
+
+
+# (version, what it changes, whether the non-causal run has it): P^T and dS^T from registers
+REGISTER_OPERANDS = (("dv_rs", "P^T from registers, as dV's left operand", False),
+                     ("dk_rs", "dS^T from registers, as dK's left operand", False),
+                     ("dv_rs+dk_rs", "both (the kernel since)", True))
+
+
+def register_operands() -> pd.DataFrame:
+    return pd.DataFrame([{"version": f"`{v}`", "what it changes": what,
+                          **{f"{mask}, slots {sl}": (_speedup(v, run, causal, 2, sl) if causal or both else float("nan"))
+                             for mask, run, causal in (("causal", REGS_CAUSAL, True), ("not causal", REGS_FULL, False))
+                             for sl in (1, 2)}}
+                         for v, what, both in REGISTER_OPERANDS])
+
+
+def register_operands_table() -> str:
+    t = register_operands()
+    for col in t.columns[2:]:
+        t[col] = ["—" if pd.isna(x) else f"{x:.2f}x" for x in t[col]]
+    used = where(load_results(AB, status="ok"), seq=32768)
+    return (markdown_table(t) + "\n\n" + provenance_line(used[used.run.isin([REGS_CAUSAL, REGS_FULL])],
+                                                           "results/attention/ab_bwd128")
+            + " *The shared-memory version's time over each version's, both in one run at 1 x 32 x 32,768 x 128"
+              " with two Q/dO stages and one or two dS^T slots; medians of three interleaved rounds. — : not run.*")
 
 
 def dq_attempts() -> pd.DataFrame:
@@ -132,7 +161,16 @@ register("flash", facts={
     "d128_dq_share": lambda: f"{_dq_share():.0%}",
     "d128_grouped_fwd_ratio": lambda: f"{_step(GROUPED, 'forward vs cuDNN'):.2f}",
     "d128_grouped_bwd_ratio": lambda: f"{_step(GROUPED, 'backward vs cuDNN'):.2f}",
-}, tables={"d128_versions": versions_table, "d128_dq_attempts": dq_attempts_table}, claims={
+    "d128_regs_bwd_ms": lambda: f"{_step(REGS_ST3):.1f}",
+    "d128_regs_bwd_ratio": lambda: f"{_step(REGS_ST3, 'backward vs cuDNN'):.2f}",
+}, tables={"d128_versions": versions_table, "d128_dq_attempts": dq_attempts_table,
+           "d128_register_operands": register_operands_table}, claims={
+    # both register operands together beat the shared-memory kernel by over 5% at slots 1, causal
+    # and not, and by more than either alone; the backward still behind cuDNN's
+    "d128_register_operands_helped": lambda: (
+        (r := register_operands().set_index("version")).loc["`dv_rs+dk_rs`", "causal, slots 1"]
+        > max(1.05, r["causal, slots 1"].drop("`dv_rs+dk_rs`").max())
+        and r.loc["`dv_rs+dk_rs`", "not causal, slots 1"] > 1.05 and _step(REGS_ST3, "backward vs cuDNN") < 1.0),
     # no reordering of dQ's chain gained more than 2% anywhere, and none gained causal
     "d128_dq_reorders_did_not_help": lambda: bool((dq_attempts()["causal"] <= 1.0).all()
                                                   and (dq_attempts()["not causal"].dropna() < 1.02).all()),
