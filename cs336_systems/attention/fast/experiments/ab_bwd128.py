@@ -126,6 +126,22 @@ DQ_OWN = (DV_MMA + "        dqa = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w
 # Rows named dv_rs, dk_rs and dv_rs+dk_rs are of two versions the kernel has since taken in: P^T
 # and dS^T as register operands of dV's and dK's products (they were read from shared memory).
 
+# k_rs / v_rs: K_W (k_rs) or V_W (v_rs) loaded into registers once per program, as the left operand
+# of every tile's S^T (k_rs) or dP^T (v_rs) product, so that those products read only Q or dO from
+# shared memory; the price is 32 registers per thread for the whole program, beside dK and dV's 128.
+KV_WAIT = "    mbarrier.wait(kv_bar, 0)\n"
+TILES_KV = "dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, red,"  # the two calls, not the def
+KV_LAYOUT = ("gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(version=[3, 0], "
+             "warps_per_cta=[4, 1], instr_shape=[16, BM, 16]), k_width=2)")
+
+
+def _kv_in_registers(source: str, which: str) -> str:
+    """K_W or V_W (`which`: "k" or "v") loaded into registers after the K, V load, for every tile."""
+    load = f"    {which}_a = {which}_w.load({KV_LAYOUT})  # the program's {which.upper()}_W, from registers for every tile\n"
+    calls = TILES_KV.replace(f"{which}_w", f"{which}_a")
+    return source.replace(KV_WAIT, KV_WAIT + load).replace(TILES_KV, calls)
+
+
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
@@ -134,6 +150,8 @@ VERSIONS = {
     "dq_first": "dQ's matmul issued before dK's and waited for alone: its adds overlap dK's matmul",
     "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
+    "k_rs": "K_W in registers for the whole program, the left operand of every S^T product",
+    "v_rs": "V_W in registers for the whole program, the left operand of every dP^T product",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "no_dq": "ablation: no dQ matmul or adds (dQ wrong)",
 }
@@ -152,7 +170,7 @@ def variant_source(name: str, source: str) -> str:
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
              "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
              "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL), "dq_first": (MMA_TAIL,),
-             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK)}.get(name, ())
+             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK), "k_rs": (KV_WAIT,), "v_rs": (KV_WAIT,)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
             raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
@@ -160,6 +178,10 @@ def variant_source(name: str, source: str) -> str:
         return source
     if name == "dq_first":
         return source.replace(MMA_TAIL, DQ_FIRST)
+    if name in ("k_rs", "v_rs"):
+        if source.count(TILES_KV) != 2:
+            raise ValueError(f"ab_bwd128: kernel source has {source.count(TILES_KV)} calls of _tiles with K_W, V_W, not 2")
+        return _kv_in_registers(source, name[0])
     if name == "dq_own":
         return (source.replace(MMA_TAIL, DQ_OWN).replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two column halves at 2 W and 2 W + 1\n"))
