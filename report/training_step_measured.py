@@ -148,13 +148,14 @@ def ratio(entry: str) -> float:
     return float(best(STOCK).step_ms / best(entry).step_ms)
 
 
-def _attention_backward_is_the_gap() -> bool:
-    """Our attention backward costs more than the whole gap; the forward is within 2% of cuDNN's;
-    the loss, optimizer and matmuls are faster in ours."""
+def _attention_backward_gives_back_most() -> bool:
+    """Our attention backward costs more than cuDNN's, between half and all of what our loss,
+    optimizer and matmuls save (each faster); the forward is within 2% of cuDNN's; ours' profiled
+    step is still the faster."""
     ms = profile_ms()
-    gap = profile_wall_ms(OURS) - profile_wall_ms(STOCK)
     fwd = ms.loc["attention forward"]
-    return (_delta("attention backward") > gap > 0 and abs(fwd[OURS] / fwd[STOCK] - 1) < 0.02
+    return (0.5 * ours_wins_ms() < _delta("attention backward") < ours_wins_ms()
+            and profile_wall_ms(OURS) < profile_wall_ms(STOCK) and abs(fwd[OURS] / fwd[STOCK] - 1) < 0.02
             and all(_delta(c) < 0 for c in ("loss", "optimizer", "matmul"))
             and ms.loc["recompute: attention forward"].max() == 0)
 
@@ -193,7 +194,7 @@ FACTS = {
     "best_ours_ms": lambda: f"{best(OURS).step_ms:,.0f}",
     "hybrid_ratio": lambda: f"{ratio(HYBRID):.2f}",
     "ours_ratio": lambda: f"{ratio(OURS):.2f}",
-    "best_gap_ms": lambda: f'{best(OURS).step_ms - best(STOCK).step_ms:.0f}',
+    "ours_saves_ms": lambda: f'{best(STOCK).step_ms - best(OURS).step_ms:.0f}',
     "our_attention_costs_ms": lambda: f"{best(OURS).step_ms - best(HYBRID).step_ms:.0f}",
     "hybrid_saves_ms": lambda: f"{best(STOCK).step_ms - best(HYBRID).step_ms:.0f}",
     "goal_ms": lambda: f"{GOAL_MS:,}",
@@ -211,7 +212,7 @@ FACTS = {
     "prof_matmul_share": lambda: f'{profile_ms().loc["matmul", STOCK] / profile_wall_ms(STOCK):.0%}',
     "prof_attention_share": lambda: f'{profile_ms().loc[["attention forward", "attention backward"], STOCK].sum() / profile_wall_ms(STOCK):.0%}',
     "prof_idle_ms": lambda: f'{profile_ms().loc["idle"].max():.0f}',
-    "gap_per_layer_ms": lambda: f'{(best(OURS).step_ms - best(STOCK).step_ms) / CFG.num_layers:.1f}',
+    "ours_vs_hybrid_per_layer_ms": lambda: f'{(best(OURS).step_ms - best(HYBRID).step_ms) / CFG.num_layers:.1f}',
     "first_profile_git": lambda: first_profile().git.iloc[0],
     "first_profile_elementwise_ms": lambda: f'{_first_ours("elementwise and norms"):,.0f}',
     "cold_first_step_s": lambda: f'{cold_row().since_start_to_first_step_s:.0f}',
@@ -221,16 +222,16 @@ FACTS = {
 register("training_step", facts=FACTS, tables={"plans_measured": plans_table,
                                                "plans_every_run": lambda: plans_table(every_run=True), "profile": lambda: _profile_table(OURS),
                                                "profile_hybrid": lambda: _profile_table(HYBRID)}, claims={
-    # our own attention: slower than stock by under 5%, in the same run
-    "ours_slower_than_the_best_stock": lambda: 0.95 < ratio(OURS) < 1.0,
+    # our own attention: faster than stock, less so than with SDPA's attention, in the same run
+    "ours_faster_than_stock_by_less": lambda: 1.0 < ratio(OURS) < ratio(HYBRID),
     # SDPA's attention with the rest of ours: faster than stock, under 4.5 s, short of 1.10x
     "hybrid_faster_than_stock_short_of_the_goal": lambda: 1.0 < ratio(HYBRID) < GOAL_RATIO,
     "hybrid_under_the_goal_time": lambda: best(HYBRID).step_ms < GOAL_MS,
     "hybrid_wins_by_the_fused_pieces": _hybrid_wins_by_the_fused_pieces,
-    # what the rest of ours saves is about half of what our attention costs, in the best run
-    "fused_pieces_buy_back_about_half": lambda: 0.35 < (best(STOCK).step_ms - best(HYBRID).step_ms)
-    / (best(OURS).step_ms - best(HYBRID).step_ms) < 0.65,
-    "attention_backward_is_the_gap": _attention_backward_is_the_gap,
+    # what the rest of ours saves is more than what our attention costs, in the best run
+    "fused_pieces_buy_back_our_attention": lambda: (best(STOCK).step_ms - best(HYBRID).step_ms
+                                                    > best(OURS).step_ms - best(HYBRID).step_ms > 0),
+    "attention_backward_gives_back_most": _attention_backward_gives_back_most,
     # the plans buy more than the fused pieces: stock alone, full:34 against its best plan
     "plans_beat_full_checkpointing": lambda: best(STOCK).step_ms < 0.85 * full_stock_ms(),
     "estimates_above_every_peak": lambda: bool((estimate_over_peak_gib() > 0).all()),
@@ -240,8 +241,8 @@ register("training_step", facts=FACTS, tables={"plans_measured": plans_table,
     # the first profile put our backward kernel under elementwise: its attention backward is small
     "first_profile_miscounted_our_backward": lambda: _first_ours("attention backward") < 100
     and _first_ours("elementwise and norms") > 1500 and profile_rows().run_id.iloc[0] != first_profile().run_id.iloc[0],
-    # the best plans' gap is a fraction of what our backward loses to cuDNN's, layer for layer
-    "gap_fits_in_the_backward": lambda: 0 < best(OURS).step_ms - best(STOCK).step_ms < 0.5 * _delta("attention backward"),
+    # ours against ours with SDPA's attention: less than what our backward loses to cuDNN's
+    "hybrid_gap_fits_in_the_backward": lambda: 0 < best(OURS).step_ms - best(HYBRID).step_ms < _delta("attention backward"),
     "idle_is_negligible": lambda: profile_ms().loc["idle"].max() < 0.01 * profile_wall_ms(STOCK),
     # from empty caches: the fastest entry at its best plan, its first step well inside the limit
     "cold_start_inside_ten_minutes": lambda: cold_row().since_start_to_first_step_s < TEN_MINUTES_S / 10
