@@ -14,6 +14,8 @@ PROBE, AB = "attention/d128_probe", "attention/ab_bwd128"
 STEP = {"batch": 1, "heads": 32, "seq": 32768, "causal": True}
 # the A/B runs of the register operands against the shared-memory ones (causal, not causal)
 REGS_CAUSAL, REGS_FULL = "20261201T224133", "20261201T224247"
+# K_W or V_W held in registers for a program (k_rs, v_rs), against that kernel: causal, not causal
+KV_CAUSAL, KV_FULL = "20261201T230722", "20261201T230752"
 
 # (what changed, bench, run, our forward's impl, our backward's impl): the versions in the order
 # they were made; None where the row's kernel is the previous row's (not timed again)
@@ -163,10 +165,15 @@ register("flash", facts={
     "d128_grouped_bwd_ratio": lambda: f"{_step(GROUPED, 'backward vs cuDNN'):.2f}",
     "d128_regs_bwd_ms": lambda: f"{_step(REGS_ST3):.1f}",
     "d128_regs_bwd_ratio": lambda: f"{_step(REGS_ST3, 'backward vs cuDNN'):.2f}",
+    **{f"d128_{v}_speed": lambda v=v: f"{_speedup(v, KV_CAUSAL, True, 3, 1):.2f}" for v in ("k_rs", "v_rs")},
 }, tables={"d128_versions": versions_table, "d128_dq_attempts": dq_attempts_table,
            "d128_register_operands": register_operands_table}, claims={
     # both register operands together beat the shared-memory kernel by over 5% at slots 1, causal
     # and not, and by more than either alone; the backward still behind cuDNN's
+    # K_W or V_W in registers for the whole program: slower by over 10% at the tuned settings
+    # (causal stages 3, slots 1; not causal stages 2, slots 2)
+    "d128_kv_in_registers_slower": lambda: all(
+        _speedup(v, KV_CAUSAL, True, 3, 1) < 0.9 and _speedup(v, KV_FULL, False, 2, 2) < 0.9 for v in ("k_rs", "v_rs")),
     "d128_register_operands_helped": lambda: (
         (r := register_operands().set_index("version")).loc["`dv_rs+dk_rs`", "causal, slots 1"]
         > max(1.05, r["causal, slots 1"].drop("`dv_rs+dk_rs`").max())
