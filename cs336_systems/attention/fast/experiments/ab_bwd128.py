@@ -142,6 +142,17 @@ def _kv_in_registers(source: str, which: str) -> str:
     return source.replace(KV_WAIT, KV_WAIT + load).replace(TILES_KV, calls)
 
 
+# delta_early / stats_first: Delta is loaded after P^T is computed, by when dP^T's product has
+# likely retired, so the load's L2 latency may sit between the products with the tensor cores idle
+# (both warpgroups at once). delta_early loads it beside L, behind S^T's product; stats_first loads
+# both at the top of the iteration, before the wait for Q and dO. The price: Delta's 16 registers
+# (and L's, for stats_first) live across the waits.
+L_LOAD = ("        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))\n"
+          "        L2 = gl.load(L_row + offs_m) * LOG2E\n")
+D_LOAD = "        Di = gl.load(D_row + offs_m)\n"
+TILE_TOP = "        s = i % STAGES\n        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)\n"
+
+
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
@@ -150,6 +161,8 @@ VERSIONS = {
     "dq_first": "dQ's matmul issued before dK's and waited for alone: its adds overlap dK's matmul",
     "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
+    "delta_early": "Delta loaded beside L, behind S^T's product (not after P^T)",
+    "stats_first": "L and Delta loaded at the top of each iteration, before the wait for Q and dO",
     "k_rs": "K_W in registers for the whole program, the left operand of every S^T product",
     "v_rs": "V_W in registers for the whole program, the left operand of every dP^T product",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
@@ -170,7 +183,8 @@ def variant_source(name: str, source: str) -> str:
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
              "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
              "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL), "dq_first": (MMA_TAIL,),
-             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK), "k_rs": (KV_WAIT,), "v_rs": (KV_WAIT,)}.get(name, ())
+             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK), "k_rs": (KV_WAIT,), "v_rs": (KV_WAIT,),
+             "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP)}.get(name, ())
     for marker in needs:
         if source.count(marker) != 1:
             raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
@@ -178,6 +192,10 @@ def variant_source(name: str, source: str) -> str:
         return source
     if name == "dq_first":
         return source.replace(MMA_TAIL, DQ_FIRST)
+    if name == "delta_early":
+        return source.replace(D_LOAD, "").replace(L_LOAD, L_LOAD + D_LOAD)
+    if name == "stats_first":
+        return source.replace(D_LOAD, "").replace(L_LOAD, "").replace(TILE_TOP, L_LOAD + D_LOAD + TILE_TOP)
     if name in ("k_rs", "v_rs"):
         if source.count(TILES_KV) != 2:
             raise ValueError(f"ab_bwd128: kernel source has {source.count(TILES_KV)} calls of _tiles with K_W, V_W, not 2")
