@@ -68,3 +68,13 @@ def test_the_committed_kernel_takes_dv_and_dks_left_operands_from_registers():
     # the rows named dv_rs, dk_rs in results/attention/ab_bwd128 measured this against shared memory
     assert ab_bwd128.DV_MMA in SOURCE and ab_bwd128.DK_MMA in SOURCE
     assert "p_w" not in SOURCE  # P^T has no shared-memory buffer
+
+
+def test_dq_writer_moves_every_reduction_into_its_own_partition():
+    edited = ab_bwd128.variant_source("dq_writer", SOURCE)
+    tiles = edited[edited.index("def _tiles"):edited.index("return dk, dv")]
+    writer = edited[edited.index("def _dq_writer"):edited.index("def bwd128_ws_kernel")]
+    assert "_tma_reduce_add(" not in tiles and "store_wait" not in tiles  # the math only stages and signals
+    assert tiles.index("mbarrier.wait(dq_empty") < tiles.index("red.store(") < tiles.index("mbarrier.arrive(dq_full")
+    assert writer.count("_tma_reduce_add(") == 1 and "mbarrier.wait(dq_full" in writer
+    assert "(_dq_writer, (" in edited and "[4, 1, 1], [MATH_REGS, 24, 24]" in edited

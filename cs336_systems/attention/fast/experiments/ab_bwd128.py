@@ -153,6 +153,57 @@ D_LOAD = "        Di = gl.load(D_row + offs_m)\n"
 TILE_TOP = "        s = i % STAGES\n        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)\n"
 
 
+# dq_writer: a one-warp partition issues dQ's reductions (as FA3's dQ writer does): a math
+# warpgroup stores its dQ tile into its staging buffer and signals dq_full, and waits (dq_empty)
+# only for that buffer's previous reduction to have been read, instead of waiting for the bulk
+# store itself and issuing it. Barriers as ds_ready / ds_free, phases by the tile index.
+DQ_HANDOFF = ("        mbarrier.wait(dq_empty.index(W), (i & 1) ^ 1)  # the writer has issued and drained this buffer's last tile\n"
+              "        red.store(dq * sm_scale)\n"
+              "        fence_async_shared()\n"
+              "        gl.thread_barrier()\n"
+              "        mbarrier.arrive(dq_full.index(W), count=1)\n")
+WRITER = '''@gluon.jit
+def _dq_writer(dq_desc, red_s, dq_full, dq_empty, row_q, n_iter, BM: gl.constexpr):
+    for i in range(n_iter):
+        for W in gl.static_range(2):
+            mbarrier.wait(dq_full.index(W), i & 1)
+            _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red_s.index(W))
+        tma.store_wait(1)  # warpgroup 0's reduction has read its buffer
+        mbarrier.arrive(dq_empty.index(0), count=1)
+        tma.store_wait(0)
+        mbarrier.arrive(dq_empty.index(1), count=1)
+
+
+'''
+BARRIERS = "ds_ready, ds_free, lo, row_q"
+MATH_DEF = "ld_empty, ds_ready, ds_free,\n          bh"
+SPEC_ARGS = "ds_ready,\n                 ds_free, bh"
+DS_FREE_ALLOC = "    ds_free = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())\n"
+DS_FREE_INIT = "        mbarrier.init(ds_free.index(t), count=2)  # both dQ matmuls have read it\n"
+KERNEL_DEF = "@gluon.jit\ndef bwd128_ws_kernel("
+PARTITIONS = "    ], [4, 1], [MATH_REGS, 24])"
+
+
+def _with_writer(source: str) -> str:
+    counts = {BARRIERS: 3, MATH_DEF: 1, SPEC_ARGS: 2, REDUCE: 1, DS_FREE_ALLOC: 1, DS_FREE_INIT: 1, KERNEL_DEF: 1,
+              PARTITIONS: 1}
+    for marker, n in counts.items():
+        if source.count(marker) != n:
+            raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}, not {n}")
+    return (source.replace(REDUCE, DQ_HANDOFF)
+            .replace(BARRIERS, "ds_ready, ds_free, dq_full, dq_empty, lo, row_q")
+            .replace(MATH_DEF, "ld_empty, ds_ready, ds_free, dq_full, dq_empty,\n          bh")
+            .replace(SPEC_ARGS, "ds_ready,\n                 ds_free, dq_full, dq_empty, bh")
+            .replace(DS_FREE_ALLOC, DS_FREE_ALLOC
+                     + "    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())\n"
+                     "    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())\n")
+            .replace(DS_FREE_INIT, DS_FREE_INIT + "    for w in gl.static_range(2):\n"
+                     "        mbarrier.init(dq_full.index(w), count=1)\n        mbarrier.init(dq_empty.index(w), count=1)\n")
+            .replace(KERNEL_DEF, WRITER + KERNEL_DEF)
+            .replace(PARTITIONS, "        (_dq_writer, (dq_desc, red_s, dq_full, dq_empty, bh * n_q + lo, n_iter, BM)),\n"
+                     "    ], [4, 1, 1], [MATH_REGS, 24, 24])"))
+
+
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
@@ -162,6 +213,7 @@ VERSIONS = {
     "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
     "delta_early": "Delta loaded beside L, behind S^T's product (not after P^T)",
+    "dq_writer": "a one-warp partition issues dQ's reductions; the math warpgroups only stage and signal",
     "stats_first": "L and Delta loaded at the top of each iteration, before the wait for Q and dO",
     "k_rs": "K_W in registers for the whole program, the left operand of every S^T product",
     "v_rs": "V_W in registers for the whole program, the left operand of every dP^T product",
@@ -192,6 +244,8 @@ def variant_source(name: str, source: str) -> str:
         return source
     if name == "dq_first":
         return source.replace(MMA_TAIL, DQ_FIRST)
+    if name == "dq_writer":
+        return _with_writer(source)
     if name == "delta_early":
         return source.replace(D_LOAD, "").replace(L_LOAD, L_LOAD + D_LOAD)
     if name == "stats_first":
