@@ -78,3 +78,12 @@ def test_dq_writer_moves_every_reduction_into_its_own_partition():
     assert tiles.index("mbarrier.wait(dq_empty") < tiles.index("red.store(") < tiles.index("mbarrier.arrive(dq_full")
     assert writer.count("_tma_reduce_add(") == 1 and "mbarrier.wait(dq_full" in writer
     assert "(_dq_writer, (" in edited and "[4, 1, 1], [MATH_REGS, 24, 24]" in edited
+
+
+def test_dv_early_issues_dvs_product_before_the_wait_for_dpt():
+    tiles = ab_bwd128.variant_source("dv_early", SOURCE)
+    tiles = tiles[tiles.index("def _tiles"):tiles.index("return dk, dv")]
+    assert tiles.count("dv = hopper.warpgroup_mma(") == 1
+    order = [tiles.index(x) for x in ("pT = gl.exp2(", "dv = hopper.warpgroup_mma(", "warpgroup_mma_wait(1, deps=[dpT])",
+                                      "dsT = (pT * (dpT - Di", "dk = hopper.warpgroup_mma(")]
+    assert order == sorted(order)

@@ -204,6 +204,12 @@ def _with_writer(source: str) -> str:
                      "    ], [4, 1, 1], [MATH_REGS, 24, 24])"))
 
 
+# dv_early: dV's product needs only P^T and dO, so it is issued as soon as P^T is (before the wait
+# for dP^T), and runs while dS^T is computed and stored; groups retire in order, so waiting with
+# one outstanding still finds dP^T done. P^T's bf16 operand lives a little longer.
+DP_WAIT = "        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])\n"
+
+
 VERSIONS = {
     "full": "the kernel as committed",
     "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
@@ -213,6 +219,7 @@ VERSIONS = {
     "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
     "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
     "delta_early": "Delta loaded beside L, behind S^T's product (not after P^T)",
+    "dv_early": "dV's product issued right after P^T, before the wait for dP^T (it runs under dS^T's work)",
     "dq_writer": "a one-warp partition issues dQ's reductions; the math warpgroups only stage and signal",
     "stats_first": "L and Delta loaded at the top of each iteration, before the wait for Q and dO",
     "k_rs": "K_W in registers for the whole program, the left operand of every S^T product",
@@ -244,6 +251,12 @@ def variant_source(name: str, source: str) -> str:
         return source
     if name == "dq_first":
         return source.replace(MMA_TAIL, DQ_FIRST)
+    if name == "dv_early":
+        for marker in (DV_MMA, DP_WAIT, D_LOAD):
+            if source.count(marker) != 1:
+                raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
+        return source.replace(DV_MMA, "").replace(DP_WAIT, DV_MMA + DP_WAIT.replace(
+            "warpgroup_mma_wait(0, deps=[dpT])", "warpgroup_mma_wait(1, deps=[dpT])  # dV's may still run"))
     if name == "dq_writer":
         return _with_writer(source)
     if name == "delta_early":
