@@ -185,11 +185,6 @@ PARTITIONS = "    ], [4, 1], [MATH_REGS, 24])"
 
 
 def _with_writer(source: str) -> str:
-    counts = {BARRIERS: 3, MATH_DEF: 1, SPEC_ARGS: 2, REDUCE: 1, DS_FREE_ALLOC: 1, DS_FREE_INIT: 1, KERNEL_DEF: 1,
-              PARTITIONS: 1}
-    for marker, n in counts.items():
-        if source.count(marker) != n:
-            raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}, not {n}")
     return (source.replace(REDUCE, DQ_HANDOFF)
             .replace(BARRIERS, "ds_ready, ds_free, dq_full, dq_empty, lo, row_q")
             .replace(MATH_DEF, "ld_empty, ds_ready, ds_free, dq_full, dq_empty,\n          bh")
@@ -208,6 +203,8 @@ def _with_writer(source: str) -> str:
 # for dP^T), and runs while dS^T is computed and stored; groups retire in order, so waiting with
 # one outstanding still finds dP^T done. P^T's bf16 operand lives a little longer.
 DP_WAIT = "        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])\n"
+# the markers a version edits in more than one place (every other is edited exactly once)
+MARKER_COUNTS = {TILES_KV: 2, SPEC_ARGS: 2, BARRIERS: 3}
 
 
 VERSIONS = {
@@ -234,7 +231,8 @@ def _guard(block: str) -> str:
 
 
 def variant_source(name: str, source: str) -> str:
-    """The kernel file's text for one version (raises if a line it edits is not there once)."""
+    """The kernel file's text for one version (raises if a line it edits is not there once, or as
+    often as MARKER_COUNTS says)."""
     if "+" in name:  # versions applied one after the other
         for part in name.split("+"):
             source = variant_source(part, source)
@@ -242,19 +240,18 @@ def variant_source(name: str, source: str) -> str:
     needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
              "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
              "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL), "dq_first": (MMA_TAIL,),
-             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK), "k_rs": (KV_WAIT,), "v_rs": (KV_WAIT,),
-             "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP)}.get(name, ())
+             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK), "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
+             "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
+             "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
+             }.get(name, ())
     for marker in needs:
-        if source.count(marker) != 1:
-            raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
+        if source.count(marker) != (n := MARKER_COUNTS.get(marker, 1)):
+            raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}, not {n}")
     if name == "full":
         return source
     if name == "dq_first":
         return source.replace(MMA_TAIL, DQ_FIRST)
     if name == "dv_early":
-        for marker in (DV_MMA, DP_WAIT, D_LOAD):
-            if source.count(marker) != 1:
-                raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}")
         return source.replace(DV_MMA, "").replace(DP_WAIT, DV_MMA + DP_WAIT.replace(
             "warpgroup_mma_wait(0, deps=[dpT])", "warpgroup_mma_wait(1, deps=[dpT])  # dV's may still run"))
     if name == "dq_writer":
@@ -264,8 +261,6 @@ def variant_source(name: str, source: str) -> str:
     if name == "stats_first":
         return source.replace(D_LOAD, "").replace(L_LOAD, "").replace(TILE_TOP, L_LOAD + D_LOAD + TILE_TOP)
     if name in ("k_rs", "v_rs"):
-        if source.count(TILES_KV) != 2:
-            raise ValueError(f"ab_bwd128: kernel source has {source.count(TILES_KV)} calls of _tiles with K_W, V_W, not 2")
         return _kv_in_registers(source, name[0])
     if name == "dq_own":
         return (source.replace(MMA_TAIL, DQ_OWN).replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
