@@ -59,11 +59,15 @@ def grid_rows(status: str | None = "ok") -> pd.DataFrame:
     return _in_words(df if status is None else df[df["status"] == status])
 
 
+def newest_git_of(rows: pd.DataFrame) -> str:
+    """The git of the newest of these rows."""
+    return str(rows.loc[rows.time_utc.idxmax(), "git"])
+
+
 def newest_git(d: int | None = None) -> str:
     """The code of the grid's newest run (the git of its newest row), or of the newest that measured
     ours at head dim d (a run may measure one head dim alone)."""
-    df = grid_rows() if d is None else where(grid_rows(), d=d, impl="ours")
-    return str(df.loc[df.time_utc.idxmax(), "git"])
+    return newest_git_of(grid_rows() if d is None else where(grid_rows(), d=d, impl="ours"))
 
 
 def _current(git: pd.Series, d: pd.Series) -> pd.Series:
@@ -83,10 +87,6 @@ def version_rows() -> tuple[pd.DataFrame, pd.DataFrame]:
     df = grid_rows()
     mine = df.impl.isin(["ours", "cudnn"])
     return df[mine], df[~mine]
-
-
-def newest_git_of(rows: pd.DataFrame) -> str:
-    return str(rows.loc[rows.time_utc.idxmax(), "git"])
 
 
 def grid_sweeps(rows: pd.DataFrame) -> int:
