@@ -92,3 +92,20 @@ def test_gpu_gradients_match_the_reference(shape, is_causal, dtype, stages, slot
     for name, got, want in (("dQ", dq, q64.grad), ("dK", dk, k64.grad), ("dV", dv, v64.grad)):
         err = float((got.double() - want).norm() / want.norm())
         assert err < 2e-2, f"{name}: relative error {err:.3g}"
+
+
+def test_heads_per_group_divides_the_heads_and_keeps_their_tensors_within_l2():
+    from cs336_systems.attention.fast.gluon.fwd_ws import L2_BUDGET
+
+    mib = 1 << 20
+    # Q, dO (bf16) and dQ (fp32) of one head: 8 bytes a value, n_q x 128 values
+    assert bwd128_ws.heads_per_group(32, 32 * mib) == 1  # the 8B step's cell: 32,768 positions
+    assert bwd128_ws.heads_per_group(16, 8 * mib) == 2  # 8,192: three would fit, but 3 does not divide 16
+    assert bwd128_ws.heads_per_group(32, 4 * mib) == 4  # 4,096: six fit, four divide
+    assert bwd128_ws.heads_per_group(12, 2 * mib) == 4
+    assert bwd128_ws.heads_per_group(7, 1 * mib) == 1
+    for n_bh in range(1, 70):
+        for per_head in (mib // 2, 3 * mib, 8 * mib, 64 * mib):
+            g = bwd128_ws.heads_per_group(n_bh, per_head)
+            assert n_bh % g == 0 and g & (g - 1) == 0, (n_bh, per_head, g)
+            assert g == 1 or g * per_head <= L2_BUDGET, (n_bh, per_head, g)

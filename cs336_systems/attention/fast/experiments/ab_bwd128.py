@@ -2,7 +2,7 @@
 backward and cuDNN's forward+backward at one shape (the 8B step's attention by default).
 
     just bench flash-ab-bwd128
-    just bench flash-ab-bwd128 --versions full one_wait no_dq --settings 2,1 2,2
+    just bench flash-ab-bwd128 --versions full no_reduce dq_writer --settings 2,1 3,1
 
 A version is the committed kernel's source with one edit (`VERSIONS`): ablations that leave a
 stage out (to see what it costs) and candidate changes. Each is checked against the Triton
@@ -29,11 +29,6 @@ VARIANT_PACKAGE = "cs336_systems.attention.fast.gluon"
 BENCH = "attention/ab_bwd128"
 NEVER = "        if row_q < 0:  # ablation: never true, not known at compile time\n"
 
-WAIT_DKDV = ("        dv, dk = hopper.warpgroup_mma_wait(0, deps=[dv, dk])\n"
-             "        mbarrier.arrive(ld_empty.index(s), count=1)  # Q, dO of slot s are read by no MMA of ours any more\n")
-DQ_MMA = ("        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l), "
-          "use_acc=False, is_async=True)\n"
-          "        dq = hopper.warpgroup_mma_wait(0, deps=[dq])\n")
 REDUCE = ("        tma.store_wait(0)  # the previous tile's reduction has read the staging buffer\n"
           "        gl.thread_barrier()\n"
           "        red.store(dq * sm_scale)\n"
@@ -46,7 +41,7 @@ REDUCE = ("        tma.store_wait(0)  # the previous tile's reduction has read t
 # tile i waits only for tile i - 2's. 32 KB more shared memory: fits with one dS^T slot.
 RED_ALLOC = "    red_s = gl.allocate_shared_memory(gl.float32, [2, BM, 64], dq_desc.layout)\n"
 RED_PICK = "    red = red_s.index(W)\n"
-# A dQ add as the kernel writes it (the committed form, and dq_next's two), with its tile's row
+# A dQ add as the kernel writes it, with its tile's row
 REDUCE_BLOCK = re.compile(
     r"(?P<ind> +)tma\.store_wait\(0\)[^\n]*\n(?P=ind)gl\.thread_barrier\(\)\n(?P=ind)red\.store\((?P<val>[^\n]*)\)\n"
     r"(?P=ind)fence_async_shared\(\)\n(?P=ind)gl\.thread_barrier\(\)\n"
@@ -63,65 +58,11 @@ def _two_buffers(m: re.Match) -> str:
     return "".join(ind + line + "\n" for line in lines)
 
 
-# dq_next: tile i's dQ matmul stays in flight while tile i + 1's S^T is issued, and is added into
-# dQ only then, before dP^T is issued (the dQ matmul and the adds are about 14 ms of 48 at the 8B
-# step's cell: the no_dq ablation). Behind S^T and dP^T both, dQ's 32 accumulator registers beside
-# theirs spilled (514 SASS spill ops against 185, offline compile, causal, stages 2, slots 1).
-DQ_CARRIED = ("    dtype: gl.constexpr = k_w.dtype\n"
-              "    for i in range(i0, i1):\n")
-AFTER_DPT = ("        dpT = hopper.warpgroup_mma(v_w, do.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,\n"
-             "                                   is_async=True)\n")
-DQ_TAIL = DQ_MMA + ("        mbarrier.arrive(ds_free.index(t), count=1)\n") + REDUCE
-
-
-def _dq_adds(tile: str, indent: str) -> str:
-    """Wait for the dQ matmul in flight (of `tile`), free its dS^T slot, add it into dQ."""
-    lines = [f"dq_sum = hopper.warpgroup_mma_wait({'1' if tile == 'i - 1' else '0'}, deps=[dq])",
-             f"mbarrier.arrive(ds_free.index(({tile}) % SLOTS), count=1)",
-             "tma.store_wait(0)", "gl.thread_barrier()", "red.store(dq_sum * sm_scale)", "fence_async_shared()",
-             "gl.thread_barrier()", f"_tma_reduce_add(dq_desc, [row_q + ({tile}) * BM, 64 * W], red)"]
-    return "".join(indent + line + "\n" for line in lines)
-
-
-# dq_first: dV's matmul issued, then (once the other half of dS^T is in) dQ's and dK's; dQ's is
-# waited for with dK's still in flight, so its staging store and reduction overlap dK's matmul
-# (the committed kernel waits for dV and dK before it issues dQ's: dQ's chain runs alone, the
-# tensor cores idle while dQ is staged). ld_empty and ds_free are released once dK's is done.
+# Rows named dq_first, one_wait, dq_own, dq_next (with red2), no_dq are of versions of dQ's chain
+# written against the kernel before it took dq_first's order under the causal mask (DQ_UNDER_DK);
+# the lines they edited are gone, and so are they.
 DV_MMA = "        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)\n"
 DK_MMA = "        dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)\n"
-MMA_TAIL = (DV_MMA + DK_MMA
-            + WAIT_DKDV
-            + "        # dQ's columns of W: dS (BM, BN) K[:, cols] once both halves of dS^T are in\n"
-            "        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)\n"
-            + DQ_MMA + "        mbarrier.arrive(ds_free.index(t), count=1)\n" + REDUCE)
-DQ_FIRST = (DV_MMA + "        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)  # the other half of dS^T\n"
-            "        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l), "
-            "use_acc=False, is_async=True)\n"
-            + DK_MMA + "        dv, dq = hopper.warpgroup_mma_wait(1, deps=[dv, dq])  # groups retire in order: dK's in flight\n"
-            + REDUCE
-            + "        dk = hopper.warpgroup_mma_wait(0, deps=[dk])\n"
-            "        mbarrier.arrive(ld_empty.index(s), count=1)\n"
-            "        mbarrier.arrive(ds_free.index(t), count=1)\n")
-
-# dq_own: each math warpgroup adds its own keys' share of dQ, dS[:, keys of W] K[keys of W, :]
-# (all 128 columns, as two 64-column matmuls), so it never waits for the other warpgroup's half
-# of dS^T; the price is twice the reduction traffic (every dQ tile added twice per key block).
-DQ_OWN = (DV_MMA + "        dqa = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(0, 64, dim=1), gl.zeros([BM, 64], gl.float32, q_l), "
-          "use_acc=False, is_async=True)\n"
-          "        dqb = hopper.warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(64, 64, dim=1), gl.zeros([BM, 64], gl.float32, q_l), "
-          "use_acc=False, is_async=True)\n"
-          + DK_MMA + "        dv, dqa, dqb = hopper.warpgroup_mma_wait(1, deps=[dv, dqa, dqb])  # dK's in flight\n"
-          "        tma.store_wait(0)  # the previous tile's reductions have read the staging buffers\n"
-          "        gl.thread_barrier()\n"
-          "        red.index(2 * W).store(dqa * sm_scale)\n"
-          "        red.index(2 * W + 1).store(dqb * sm_scale)\n"
-          "        fence_async_shared()\n"
-          "        gl.thread_barrier()\n"
-          "        _tma_reduce_add(dq_desc, [row_q + i * BM, 0], red.index(2 * W))\n"
-          "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64], red.index(2 * W + 1))\n"
-          "        dk = hopper.warpgroup_mma_wait(0, deps=[dk])\n"
-          "        mbarrier.arrive(ld_empty.index(s), count=1)\n"
-          "        mbarrier.arrive(ds_free.index(t), count=1)\n")
 
 # Rows named dv_rs, dk_rs and dv_rs+dk_rs are of two versions the kernel has since taken in: P^T
 # and dS^T as register operands of dV's and dK's products (they were read from shared memory).
@@ -209,12 +150,7 @@ MARKER_COUNTS = {TILES_KV: 2, SPEC_ARGS: 2, BARRIERS: 3}
 
 VERSIONS = {
     "full": "the kernel as committed",
-    "dq_next": "tile i's dQ matmul in flight behind tile i + 1's S^T, added then",
-    "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1; "
-            "after dq_next too: dq_next+red2)",
-    "dq_first": "dQ's matmul issued before dK's and waited for alone: its adds overlap dK's matmul",
-    "dq_own": "each warpgroup adds its own keys' share of dQ (no wait for the other's dS^T; twice the adds)",
-    "one_wait": "dQ's matmul issued behind dV's and dK's, one wait for all three",
+    "red2": "two dQ staging buffers per warpgroup, tile i's reduction drains behind tile i + 1 (slots 1)",
     "delta_early": "Delta loaded beside L, behind S^T's product (not after P^T)",
     "dv_early": "dV's product issued right after P^T, before the wait for dP^T (it runs under dS^T's work)",
     "dq_writer": "a one-warp partition issues dQ's reductions; the math warpgroups only stage and signal",
@@ -222,7 +158,6 @@ VERSIONS = {
     "k_rs": "K_W in registers for the whole program, the left operand of every S^T product",
     "v_rs": "V_W in registers for the whole program, the left operand of every dP^T product",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
-    "no_dq": "ablation: no dQ matmul or adds (dQ wrong)",
 }
 
 
@@ -237,10 +172,8 @@ def variant_source(name: str, source: str) -> str:
         for part in name.split("+"):
             source = variant_source(part, source)
         return source
-    needs = {"full": (), "one_wait": (WAIT_DKDV, DQ_MMA), "no_reduce": (REDUCE,),
-             "no_dq": (DQ_MMA, REDUCE), "red2": (RED_ALLOC, RED_PICK),
-             "dq_next": (DQ_CARRIED, AFTER_DPT, DQ_TAIL), "dq_first": (MMA_TAIL,),
-             "dq_own": (MMA_TAIL, RED_ALLOC, RED_PICK), "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
+    needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
+             "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
              }.get(name, ())
@@ -249,8 +182,6 @@ def variant_source(name: str, source: str) -> str:
             raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}, not {n}")
     if name == "full":
         return source
-    if name == "dq_first":
-        return source.replace(MMA_TAIL, DQ_FIRST)
     if name == "dv_early":
         return source.replace(DV_MMA, "").replace(DP_WAIT, DV_MMA + DP_WAIT.replace(
             "warpgroup_mma_wait(0, deps=[dpT])", "warpgroup_mma_wait(1, deps=[dpT])  # dV's may still run"))
@@ -262,23 +193,7 @@ def variant_source(name: str, source: str) -> str:
         return source.replace(D_LOAD, "").replace(L_LOAD, "").replace(TILE_TOP, L_LOAD + D_LOAD + TILE_TOP)
     if name in ("k_rs", "v_rs"):
         return _kv_in_registers(source, name[0])
-    if name == "dq_own":
-        return (source.replace(MMA_TAIL, DQ_OWN).replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
-                .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two column halves at 2 W and 2 W + 1\n"))
-    if name == "one_wait":
-        mma = DQ_MMA.splitlines()[0] + "\n"
-        wait_all = ("        dv, dk, dq = hopper.warpgroup_mma_wait(0, deps=[dv, dk, dq])\n"
-                    "        mbarrier.arrive(ld_empty.index(s), count=1)\n")
-        moved = source.replace(WAIT_DKDV, "").replace(DQ_MMA, mma + wait_all)
-        return moved
-    if name == "dq_next":
-        carried = DQ_CARRIED.replace("    for i", "    # the dQ matmul in flight across iterations (an accumulator, as the loop carries it)\n"
-                                     "    dq = hopper.warpgroup_mma_init(gl.zeros([BM, 64], gl.float32, q_l))\n    for i")
-        previous = ("        if i > i0:  # the previous tile's dQ ran behind this tile's S^T\n"
-                    + _dq_adds("i - 1", "            "))
-        last = DQ_MMA.splitlines()[0] + "\n    if i1 > i0:  # the last tile's dQ\n" + _dq_adds("i1 - 1", "        ")
-        return source.replace(DQ_CARRIED, carried).replace(AFTER_DPT, previous + AFTER_DPT).replace(DQ_TAIL, last)
-    if name == "red2":  # every dQ add of the source: the committed kernel's one, or dq_next's two
+    if name == "red2":  # every dQ add of the source
         source, adds = REDUCE_BLOCK.subn(_two_buffers, source)
         if adds == 0:
             raise ValueError("ab_bwd128: kernel source has 0 copies of the dQ add (store_wait, store, reduce)")
@@ -286,9 +201,6 @@ def variant_source(name: str, source: str) -> str:
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n"))
     if name == "no_reduce":
         return source.replace(REDUCE, _guard(REDUCE))
-    if name == "no_dq":
-        return source.replace(DQ_MMA + source.split(DQ_MMA)[1].split(REDUCE)[0] + REDUCE,
-                              source.split(DQ_MMA)[1].split(REDUCE)[0])
     raise ValueError(f"ab_bwd128: unknown version {name!r}; choose from {list(VERSIONS)}")
 
 
@@ -347,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             fn = lambda kern=kernel, st=stages, sl=slots, g=group: launch_bwd128_ws(  # noqa: E731
                 q, k, v, do, L, delta, causal, st, sl, kernel=kern, group=g or None)
             got = fn()  # compiles
-            pairs = list(zip(got, want))[1 if ("no_dq" in version or "no_reduce" in version) else 0:]
+            pairs = list(zip(got, want))[1 if "no_reduce" in version else 0:]
             err = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in pairs)
             print(f"[ab_bwd128] {version} stages={stages} slots={slots} group={group}: rel err vs Triton {err:.2e}", flush=True)
             if not err < 3e-2:

@@ -27,6 +27,21 @@ def bwd128_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: boo
     return None
 
 
+def heads_per_group(n_bh: int, bytes_per_head: int) -> int:
+    """How many heads' programs the backward runs together: the largest power of two that divides
+    n_bh and keeps what every program of a head re-reads (`bytes_per_head`: Q, dO, dQ) within
+    `fwd_ws.L2_BUDGET`, at least one. A group that does not divide the heads leaves a last, smaller
+    group whose longest programs start last and run on an emptying GPU (measured: at 1 x 16 x 8,192
+    causal, groups of 3 of the 16 heads over 10% slower than of 2 or 4; `flash-ab-bwd128 --groups`)."""
+    from .fwd_ws import L2_BUDGET
+
+    fits = max(1, L2_BUDGET // max(1, bytes_per_head))
+    group = 1
+    while group * 2 <= fits and n_bh % (group * 2) == 0:
+        group *= 2
+    return group
+
+
 def _descriptors(q, k, v, do, dq):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -46,19 +61,19 @@ def _constexprs(d: int, is_causal: bool, stages: int, slots: int) -> dict:
     from .fwd_ws import register_split
 
     maxnreg, math_regs = register_split(2)  # two math warpgroups and the loader warp, as the forward
-    return dict(D=d, BM=BM, BN=BN, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, MATH_REGS=math_regs,
-                num_warps=4, maxnreg=maxnreg)
+    # dQ's product under dK's where the mask is: faster causal, slower without (results/attention/ab_bwd128)
+    return dict(D=d, BM=BM, BN=BN, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, DQ_UNDER_DK=is_causal,
+                MATH_REGS=math_regs, num_warps=4, maxnreg=maxnreg)
 
 
 def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
                      kernel=None, group: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 128) inputs (see `bwd128_supported`); L, delta (Z, H, n_q) fp32.
     `kernel` replaces the committed kernel (for ablations); `group`: heads whose programs run
-    together (default `fwd_ws.heads_per_group` of Q and dO, 2 bytes, and dQ, 4 bytes, per value)."""
+    together (default `heads_per_group` of Q and dO, 2 bytes, and dQ, 4 bytes, per value)."""
     from ...flash_launch import _scales
     from ..direct_launch import direct
     from .flash_bwd128_ws_kernel import bwd128_ws_kernel
-    from .fwd_ws import heads_per_group
 
     if stages < 2 or slots < 1:
         raise ValueError(f"launch_bwd128_ws: stages must be at least 2 and slots at least 1, got {stages}, {slots}")
@@ -71,7 +86,7 @@ def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, sl
     sm_scale, qk_scale = _scales(d)
     q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
     if group is None:
-        group = heads_per_group(Z * H, n_q * d * (2 * q.element_size() + 4), d, n_k // BN, q.device)
+        group = heads_per_group(Z * H, n_q * d * (2 * q.element_size() + 4))
     if not 1 <= group <= Z * H:
         raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
     args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, qk_scale, sm_scale, group)

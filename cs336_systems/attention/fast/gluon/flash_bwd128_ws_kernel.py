@@ -55,7 +55,7 @@ def _load(q_desc, k_desc, v_desc, do_desc, k_s, v_s, q_s, do_s, kv_bar, ld_full,
 def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s,
            red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale,
            D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
-           MASKED: gl.constexpr):
+           MASKED: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
     """Query tiles i0 .. i1 - 1 of math warpgroup W; returns the carried dK, dV."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -96,21 +96,36 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
         fence_async_shared()  # the generic-proxy stores, before any MMA reads them
         gl.thread_barrier()  # all four warps' parts stored
         mbarrier.arrive(ds_ready.index(t), count=1)
+        # dQ's columns of W are dS (BM, BN) K[:, cols], once both halves of dS^T are in. Causal
+        # (DQ_UNDER_DK), dQ's product is issued between dV's and dK's and waited for alone, so its
+        # staging and reduction run under dK's product; without the mask the three products run
+        # back to back and dQ's chain after them (each order the faster there: results/attention/ab_bwd128).
         dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
+        if DQ_UNDER_DK:
+            mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
+            dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l),
+                                      use_acc=False, is_async=True)
         dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)
-        dv, dk = hopper.warpgroup_mma_wait(0, deps=[dv, dk])
-        mbarrier.arrive(ld_empty.index(s), count=1)  # Q, dO of slot s are read by no MMA of ours any more
-        # dQ's columns of W: dS (BM, BN) K[:, cols] once both halves of dS^T are in
-        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
-        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l), use_acc=False, is_async=True)
-        dq = hopper.warpgroup_mma_wait(0, deps=[dq])
-        mbarrier.arrive(ds_free.index(t), count=1)
+        if DQ_UNDER_DK:
+            dv, dq = hopper.warpgroup_mma_wait(1, deps=[dv, dq])  # products retire in order: dK's still runs
+        else:
+            dv, dk = hopper.warpgroup_mma_wait(0, deps=[dv, dk])
+            mbarrier.arrive(ld_empty.index(s), count=1)  # Q, dO of slot s are read by no MMA of ours any more
+            mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
+            dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l),
+                                      use_acc=False, is_async=True)
+            dq = hopper.warpgroup_mma_wait(0, deps=[dq])
+            mbarrier.arrive(ds_free.index(t), count=1)
         tma.store_wait(0)  # the previous tile's reduction has read the staging buffer
         gl.thread_barrier()
         red.store(dq * sm_scale)
         fence_async_shared()
         gl.thread_barrier()
         _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)
+        if DQ_UNDER_DK:
+            dk = hopper.warpgroup_mma_wait(0, deps=[dk])
+            mbarrier.arrive(ld_empty.index(s), count=1)
+            mbarrier.arrive(ds_free.index(t), count=1)
     return dk, dv
 # --8<-- [end:tiles]
 
@@ -118,7 +133,8 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
 @gluon.jit
 def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready, ds_free,
           bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-          SLOTS: gl.constexpr, CAUSAL: gl.constexpr, W: gl.constexpr):
+          SLOTS: gl.constexpr, CAUSAL: gl.constexpr, DQ_UNDER_DK: gl.constexpr,
+          W: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     dtype: gl.constexpr = k_s.dtype
@@ -139,10 +155,10 @@ def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, l
     mbarrier.wait(kv_bar, 0)
     dk, dv = _tiles(0, n_diag, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, red,
                     ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale, D, BM, STAGES, SLOTS, W,
-                    True)
+                    True, DQ_UNDER_DK)
     dk, dv = _tiles(n_diag, n_iter, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, red,
                     ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale, D, BM, STAGES, SLOTS, W,
-                    False)
+                    False, DQ_UNDER_DK)
     tma.store_wait(0)
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
@@ -155,7 +171,8 @@ def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, l
 @gluon.jit
 def bwd128_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, dq_desc, DK, DV, n_q, n_k, qk_scale, sm_scale, GROUP,
                      D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                     SLOTS: gl.constexpr, CAUSAL: gl.constexpr, MATH_REGS: gl.constexpr):
+                     SLOTS: gl.constexpr, CAUSAL: gl.constexpr, DQ_UNDER_DK: gl.constexpr,
+                     MATH_REGS: gl.constexpr):
     gl.static_assert(BN == 128, "two math warpgroups of 64 keys")
     n_tiles = gl.num_programs(0)
     lin = gl.program_id(0) + gl.program_id(1) * n_tiles
@@ -199,9 +216,11 @@ def bwd128_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, dq_desc, DK, DV,
         mbarrier.init(ds_free.index(t), count=2)  # both dQ matmuls have read it
     gl.warp_specialize([
         (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
-                 ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, 0)),
+                 ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, DQ_UNDER_DK,
+                 0)),
         (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
-                 ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, 1)),
+                 ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, DQ_UNDER_DK,
+                 1)),
         (_load, (q_desc, k_desc, v_desc, do_desc, k_s, v_s, q_s, do_s, kv_bar, ld_full, ld_empty, bh, k0, lo, n_iter,
                  n_q, n_k, D, BM, BN, STAGES)),
     ], [4, 1], [MATH_REGS, 24])

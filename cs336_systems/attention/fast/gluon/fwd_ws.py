@@ -36,7 +36,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def heads_per_group(n_bh: int, bytes_per_head: int, d: int, n_tiles: int, device: torch.device) -> int:
-    """How many heads' programs the d = 128 kernels run together: as many as keep the tensors every
+    """How many heads' programs the d = 128 forward runs together (`bwd128_ws` has the backward's rule): as many as keep the tensors every
     program of a head re-reads (`bytes_per_head`) within L2_BUDGET, at least one. A launch of few
     waves runs as one group (measured: at 1 x 16 x 4,096 the longest programs of every head first
     balance the SMs better than L2 saves). At d = 64 all heads (the order its table was tuned in)."""
