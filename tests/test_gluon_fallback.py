@@ -38,8 +38,8 @@ def hopper(monkeypatch):
     monkeypatch.setattr(launch, "_shape", lambda q, k: None)
     monkeypatch.setattr(launch, "_WARNED", set())
     calls = []
-    monkeypatch.setattr(fwd_ws, "launch_fwd_ws", lambda q, k, v, *a: calls.append(("gluon fwd", q)) or "gluon")
-    monkeypatch.setattr(bwd128_ws, "launch_bwd128_ws", lambda q, k, v, do, *a: calls.append(("gluon bwd", q)) or "g")
+    monkeypatch.setattr(fwd_ws, "launch_fwd_ws", lambda q, k, v, *a, **kw: calls.append(("gluon fwd", q)) or "gluon")
+    monkeypatch.setattr(bwd128_ws, "launch_bwd128_ws", lambda q, k, v, do, *a, **kw: calls.append(("gluon bwd", q)) or "g")
     monkeypatch.setattr(launch, "launch_preprocess", lambda o, do: None)
     monkeypatch.setattr(launch, "launch_triton_fwd", lambda *a: calls.append(("triton fwd", a[0])) or "triton")
     monkeypatch.setattr(launch, "launch_triton_bwd", lambda *a: calls.append(("triton bwd", a[0])) or "triton")

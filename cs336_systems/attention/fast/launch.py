@@ -35,7 +35,7 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, plan: FwdPlan) 
         g = plan.gluon
         why, (q, k, v) = _gluon_inputs(lambda *t: fwd_ws_supported(*t, g.block_n), q, k, v)
         if why is None:
-            return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups)
+            return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups, checked=True)
         _warn_fallback("forward", why)
     return launch_triton_fwd(q, k, v, is_causal, plan.tiles)
 
@@ -47,7 +47,7 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
     if plan.gluon is not None:
         why, (q, k, v, do) = _gluon_inputs(lambda *t: gluon_bwd_supported(*t, is_causal), q, k, v, do)
         if why is None:
-            return launch_gluon_bwd(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.gluon)
+            return launch_gluon_bwd(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.gluon, checked=True)
         _warn_fallback("backward", why)
     if plan.one_pass:
         return launch_bwd_onepass(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.tiles)
@@ -96,14 +96,15 @@ def gluon_bwd_supported(q, k, v, do, is_causal: bool) -> str | None:
     return ws_supported(q, k, v, do, is_causal)
 
 
-def launch_gluon_bwd(q, k, v, do, L, delta, is_causal: bool, g) -> tuple[Tensor, Tensor, Tensor]:
+def launch_gluon_bwd(q, k, v, do, L, delta, is_causal: bool, g, checked: bool = False
+                     ) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from the Gluon backward for q's head dim, with the plan's Gluon settings `g`
     (a GluonBwdConfig; d = 128 has no dQ warpgroup, so `g.dq_regs` is unused there). Raises where
-    the kernel does not apply (see `gluon_bwd_supported`)."""
+    the kernel does not apply (see `gluon_bwd_supported`), unless `checked` says the caller asked."""
     if q.shape[-1] == 128:
         from .gluon.bwd128_ws import launch_bwd128_ws
 
-        return launch_bwd128_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots)
+        return launch_bwd128_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots, checked=checked)
     from .gluon.onepass_ws import launch_bwd_onepass_ws
 
     return launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal, g.stages, g.slots, g.dq_regs)

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -67,36 +69,47 @@ def _constexprs(d: int, is_causal: bool, stages: int, slots: int) -> dict:
 
 
 def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,
-                     kernel=None, group: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                     kernel=None, group: int | None = None, checked: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 128) inputs (see `bwd128_supported`); L, delta (Z, H, n_q) fp32.
     `kernel` replaces the committed kernel (for ablations); `group`: heads whose programs run
-    together (default `heads_per_group` of Q and dO, 2 bytes, and dQ, 4 bytes, per value)."""
+    together (default `heads_per_group` of Q and dO, 2 bytes, and dQ, 4 bytes, per value);
+    `checked`: the caller has asked `bwd128_supported` of these inputs (the speed path's launcher)."""
+    if stages < 2 or slots < 1:
+        raise ValueError(f"launch_bwd128_ws: stages must be at least 2 and slots at least 1, got {stages}, {slots}")
+    if not checked and (why := bwd128_supported(q, k, v, do, is_causal)) is not None:
+        raise ValueError(f"launch_bwd128_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
+    Z, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    grid, default_group, constexprs, scales, direct_kernel = _launch_spec(Z * H, n_q, n_k, d, q.dtype, is_causal,
+                                                                          stages, slots)
+    if group is None:
+        group = default_group
+    if not 1 <= group <= Z * H:
+        raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
+    dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
+    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, scales[1], scales[0], group)
+    if kernel is None:
+        direct_kernel.launch(grid, args, constexprs)
+    else:
+        kernel[grid](*args, **constexprs)
+    return dq.to(q.dtype), dk, dv
+
+
+@functools.cache
+def _launch_spec(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, stages: int,
+                 slots: int) -> tuple:
+    """(grid, default group, constexprs, (sm_scale, qk_scale), the kernel's DirectKernel): the same
+    for every call of one shape and plan, so built once (an eager call's host time is most of a
+    short launch's)."""
     from ...flash_launch import _scales
     from ..direct_launch import direct
     from .flash_bwd128_ws_kernel import bwd128_ws_kernel
 
-    if stages < 2 or slots < 1:
-        raise ValueError(f"launch_bwd128_ws: stages must be at least 2 and slots at least 1, got {stages}, {slots}")
-    if (why := bwd128_supported(q, k, v, do, is_causal)) is not None:
-        raise ValueError(f"launch_bwd128_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
-    Z, H, n_q, d = q.shape
-    n_k = k.shape[2]
-    dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    sm_scale, qk_scale = _scales(d)
-    q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
-    if group is None:
-        group = heads_per_group(Z * H, n_q * d * (2 * q.element_size() + 4))
-    if not 1 <= group <= Z * H:
-        raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
-    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, qk_scale, sm_scale, group)
-    grid = (n_k // BN, Z * H)
-    constexprs = _constexprs(d, is_causal, stages, slots)
-    if kernel is None:
-        direct(bwd128_ws_kernel).launch(grid, args, constexprs)
-    else:
-        kernel[grid](*args, **constexprs)
-    return dq.to(q.dtype), dk, dv
+    group = heads_per_group(n_bh, n_q * d * (2 * dtype.itemsize + 4))
+    return ((n_k // BN, n_bh), group, _constexprs(d, is_causal, stages, slots), _scales(d),
+            direct(bwd128_ws_kernel))
 
 
 def bwd128_args_for_report(is_causal: bool, stages: int, slots: int):

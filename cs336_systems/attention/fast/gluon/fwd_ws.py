@@ -8,6 +8,7 @@ other inputs run the Triton forward.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,10 +37,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def heads_per_group(n_bh: int, bytes_per_head: int, d: int, n_tiles: int, device: torch.device) -> int:
-    """How many heads' programs the d = 128 forward runs together (`bwd128_ws` has the backward's rule): as many as keep the tensors every
-    program of a head re-reads (`bytes_per_head`) within L2_BUDGET, at least one. A launch of few
-    waves runs as one group (measured: at 1 x 16 x 4,096 the longest programs of every head first
-    balance the SMs better than L2 saves). At d = 64 all heads (the order its table was tuned in)."""
+    """How many heads' programs the d = 128 forward runs together (`bwd128_ws` has the backward's
+    rule): as many as keep the tensors every program of a head re-reads (`bytes_per_head`) within
+    L2_BUDGET, at least one. A launch of few waves runs as one group (measured: at 1 x 16 x 4,096
+    the longest programs of every head first balance the SMs better than L2 saves). At d = 64 all
+    heads (the order its table was tuned in)."""
     if d != 128 or n_tiles * n_bh <= FEW_WAVES * _sm_count(device):
         return n_bh
     return max(1, min(n_bh, L2_BUDGET // max(1, bytes_per_head)))
@@ -55,11 +57,56 @@ def register_split(warpgroups: int) -> tuple[int, int]:
 
 
 def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int = 64, stages: int = 4,
-                  warpgroups: int = 3, kernel=None, group: int | None = None) -> tuple[Tensor, Tensor]:
+                  warpgroups: int = 3, kernel=None, group: int | None = None,
+                  checked: bool = False) -> tuple[Tensor, Tensor]:
     """O (Z, H, n_q, 64) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp, as `launch_fwd`.
     A program owns 64 * warpgroups queries; block_n keys per tile, stages tiles in flight.
     `kernel`: launched through Triton's own dispatch instead of directly (to time the difference).
-    `group`: heads whose programs run together (default `heads_per_group`: K and V are re-read)."""
+    `group`: heads whose programs run together (default `heads_per_group`: K and V are re-read).
+    `checked`: the caller has asked `fwd_ws_supported` of these inputs (the speed path's launcher)."""
+    if warpgroups not in (2, 3):
+        raise ValueError(f"launch_fwd_ws: warpgroups must be 2 or 3, got {warpgroups}")
+    if block_n not in (64, 128) or stages < 2:
+        raise ValueError(f"launch_fwd_ws: block_n must be 64 or 128 and stages at least 2, got {block_n}, {stages}")
+    if not checked and (why := fwd_ws_supported(q, k, v, block_n)) is not None:
+        raise ValueError(f"launch_fwd_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
+    Z, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    spec = _launch_spec(Z * H, n_q, n_k, d, q.dtype, is_causal, block_n, stages, warpgroups, q.device)
+    if group is None:
+        group = spec.group
+    if not 1 <= group <= Z * H:
+        raise ValueError(f"launch_fwd_ws: group must be in [1, {Z * H}], got {group}")
+    descriptor = spec.descriptor
+    q_desc = descriptor.from_tensor(q.reshape(-1, d), [ROWS, d], spec.q_layout)
+    k_desc = descriptor.from_tensor(k.reshape(-1, d), [block_n, d], spec.kv_layout)
+    v_desc = descriptor.from_tensor(v.reshape(-1, d), [block_n, d], spec.kv_layout)
+    o = torch.empty_like(q)
+    L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
+    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, spec.qk_scale, group)
+    if kernel is None:
+        spec.direct.launch(spec.grid, args, spec.constexprs)
+    else:
+        kernel[spec.grid](*args, **spec.constexprs)
+    return o, L
+
+
+class LaunchSpec(NamedTuple):
+    """What a launch passes besides its tensors, the same for every call of one shape and plan."""
+    grid: tuple[int, int]
+    group: int  # the default heads per group
+    constexprs: dict
+    q_layout: object  # the shared-memory layouts of the Q and K/V tiles
+    kv_layout: object
+    qk_scale: float
+    descriptor: type  # Gluon's TensorDescriptor
+    direct: object  # the kernel's DirectKernel
+
+
+@functools.cache
+def _launch_spec(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, block_n: int,
+                 stages: int, warpgroups: int, device: torch.device) -> LaunchSpec:
+    """Built once per shape and plan: an eager call's host time is most of a short launch's."""
     import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -68,30 +115,10 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
     from .flash_fwd_ws_kernel import fwd_ws_kernel
     from .onepass_ws import shared_layout
 
-    if warpgroups not in (2, 3):
-        raise ValueError(f"launch_fwd_ws: warpgroups must be 2 or 3, got {warpgroups}")
-    if block_n not in (64, 128) or stages < 2:
-        raise ValueError(f"launch_fwd_ws: block_n must be 64 or 128 and stages at least 2, got {block_n}, {stages}")
-    if (why := fwd_ws_supported(q, k, v, block_n)) is not None:
-        raise ValueError(f"launch_fwd_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
-    Z, H, n_q, d = q.shape
-    n_k = k.shape[2]
-    q_desc = TensorDescriptor.from_tensor(q.reshape(-1, d), [ROWS, d], shared_layout(ROWS, d, q.dtype))
-    kv_layout = shared_layout(block_n, d, q.dtype)
-    k_desc, v_desc = (TensorDescriptor.from_tensor(t.reshape(-1, d), [block_n, d], kv_layout) for t in (k, v))
-    o = torch.empty_like(q)
-    L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     maxnreg, math_regs = register_split(warpgroups)
-    grid = (triton.cdiv(n_q, ROWS * warpgroups), Z * H)
-    if group is None:
-        group = heads_per_group(Z * H, 2 * n_k * d * q.element_size(), d, grid[0], q.device)
-    if not 1 <= group <= Z * H:
-        raise ValueError(f"launch_fwd_ws: group must be in [1, {Z * H}], got {group}")
-    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, _scales(d)[1], group)
+    grid = (triton.cdiv(n_q, ROWS * warpgroups), n_bh)
+    group = heads_per_group(n_bh, 2 * n_k * d * dtype.itemsize, d, grid[0], device)
     constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
                       num_warps=4, maxnreg=maxnreg)
-    if kernel is None:
-        direct(fwd_ws_kernel).launch(grid, args, constexprs)
-    else:
-        kernel[grid](*args, **constexprs)
-    return o, L
+    return LaunchSpec(grid, group, constexprs, shared_layout(ROWS, d, dtype), shared_layout(block_n, d, dtype),
+                      _scales(d)[1], TensorDescriptor, direct(fwd_ws_kernel))
