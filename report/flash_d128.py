@@ -32,8 +32,16 @@ VERSIONS = (
      "gluon_ws nw2 bn128 st3 g1", "gluon_bwd128 st2 sl1 g1"),
     ("P^T and dS^T as register operands of dV's and dK's products", AB, REGS_CAUSAL, None, "dv_rs+dk_rs st2 sl1"),
     ("the same with three Q/dO stages, which now fit", AB, "20261201T224225", None, "dv_rs+dk_rs st3 sl1"),
+    ("causal: dQ's product under dK's (the kernel since)", AB, "20261202T011412", None, "dq_first st3 sl1 g0"),
 )
-FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED, REGS, REGS_ST3 = (v[0] for v in VERSIONS[2:9])
+FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED, REGS, REGS_ST3, DQ_UNDER_DK = (v[0] for v in VERSIONS[2:10])
+
+# dQ's product under dK's and the head groups, at nine shapes in one sweep (one run per shape): the
+# kernel before (version "full", every mask), dQ under dK ("dq_first", the causal kernel since), and
+# each at the head groups the launcher picks now (`bwd128_ws.heads_per_group`); group 0 in a row is
+# the rule of the code that ran (a group of heads by the L2 budget alone, all heads in a short launch)
+ORDER_GIT = "9dbb70626573"
+ORDER_SETTINGS = {True: (3, 1), False: (2, 2)}  # the table's (stages, slots) per mask
 
 
 def _rows(bench: str, run: str) -> pd.DataFrame:
@@ -47,9 +55,10 @@ def _median(bench: str, run: str, impl: str, part: str) -> float:
         hit = where(df, impl=impl, **{"pass": part})
     elif impl.startswith("cudnn"):
         hit = where(df, impl="cudnn fwd" if part == "fwd" else "cudnn fwd+bwd")
-    else:  # "VERSION stS slL": a version of the Gluon backward
-        version, stages, slots = impl.split()
-        hit = where(df, impl="gluon bwd128", version=version, stages=int(stages[2:]), slots=int(slots[2:]))
+    else:  # "VERSION stS slL [gG]": a version of the Gluon backward (heads per group G; 0: the launcher's rule)
+        version, stages, slots, *group = impl.split()
+        hit = where(df, impl="gluon bwd128", version=version, stages=int(stages[2:]), slots=int(slots[2:]),
+                    **({"group": int(group[0][1:])} if group else {}))
     if hit.empty:
         raise ValueError(f"{bench}: no {impl} {part} rows in run {run}")
     return float(hit.ms.median())
@@ -150,6 +159,65 @@ def dq_attempts_table() -> str:
               " rounds. — : not run.*")
 
 
+def order_and_groups() -> pd.DataFrame:
+    """Per shape of the sweep: the backward's ms before, with dQ under dK, with the groups the
+    launcher picks now (dQ under dK causal, the old order without the mask; NaN where that group was
+    not timed), and cuDNN's backward (its forward+backward less its forward)."""
+    from cs336_systems.attention.fast.gluon.bwd128_ws import heads_per_group
+
+    df = where(load_results(AB, status="ok"), git=ORDER_GIT)
+    out = []
+    for (b, h, n, causal), cell in df.groupby(["batch", "heads", "seq", "causal"]):
+        st, sl = ORDER_SETTINGS[bool(causal)]
+        ms = lambda version, group: where(cell, impl="gluon bwd128", version=version, stages=st, slots=sl,  # noqa: E731
+                                          group=group).ms.median()
+        group = heads_per_group(b * h, n * 128 * 8)  # Q, dO bf16 and dQ fp32: 8 bytes a value
+        cudnn = where(cell, impl="cudnn fwd+bwd").ms.median() - where(cell, impl="cudnn fwd").ms.median()
+        out.append({"cell": f"{b} x {h} x {n:,}", "mask": "causal" if causal else "none",
+                    "before": ms("full", 0), "dQ under dK": ms("dq_first", 0),
+                    "heads per group": group, "now": ms("dq_first" if causal else "full", group), "cuDNN": cudnn})
+    return pd.DataFrame(out).sort_values(["mask", "cell"], key=lambda c: c.map(_cell_order)).reset_index(drop=True)
+
+
+def _cell_order(x):
+    """Sort cells by seq, then heads; masks causal first."""
+    if x in ("causal", "none"):
+        return x != "causal"
+    b, h, n = (int(p.replace(",", "")) for p in x.split(" x "))
+    return n * 100 + h
+
+
+def order_and_groups_table() -> str:
+    t = order_and_groups()
+    for col in ("before", "dQ under dK", "now", "cuDNN"):
+        t[col] = ["—" if pd.isna(x) else f"{x:#.3g}" for x in t[col]]
+    return (markdown_table(t) + "\n\n" + provenance_line(where(load_results(AB, status="ok"), git=ORDER_GIT),
+                                                          "results/attention/ab_bwd128")
+            + " *The d = 128 backward's ms at the table's settings (causal: three Q/dO stages, one dS^T slot;"
+              " without the mask two and two), one run per shape, medians of three interleaved rounds; before:"
+              " the kernel then, with its head groups; dQ under dK: that version, the same groups; now: the"
+              " causal kernel since, or without the mask the kernel before, at the groups the launcher picks"
+              " now. cuDNN: its forward+backward less its forward, same run. — : that group was not timed.*")
+
+
+def _order_gains(causal: bool) -> pd.Series:
+    t = order_and_groups()
+    t = t[t["mask"] == ("causal" if causal else "none")]
+    return t["before"] / t["dQ under dK"]
+
+
+def _vs_cudnn_now(cell: str) -> float:
+    """At a causal cell: cuDNN's backward ms over ours now (above 1: ours faster)."""
+    t = order_and_groups().set_index(["cell", "mask"]).loc[(cell, "causal")]
+    return float(t["cuDNN"] / t["now"])
+
+
+def _groups_gain(cell: str) -> float:
+    """At a causal cell: dQ under dK at the old head groups over it at the launcher's groups now."""
+    t = order_and_groups().set_index(["cell", "mask"]).loc[(cell, "causal")]
+    return float(t["dQ under dK"] / t["now"])
+
+
 def _gluon_triton() -> str:
     from cs336_systems.attention.fast.gluon.requirements import GLUON_TRITON
 
@@ -166,7 +234,14 @@ register("flash", facts={
     "d128_regs_bwd_ms": lambda: f"{_step(REGS_ST3):.1f}",
     "d128_regs_bwd_ratio": lambda: f"{_step(REGS_ST3, 'backward vs cuDNN'):.2f}",
     **{f"d128_{v}_speed": lambda v=v: f"{_speedup(v, KV_CAUSAL, True, 3, 1):.2f}" for v in ("k_rs", "v_rs")},
-}, tables={"d128_versions": versions_table, "d128_dq_attempts": dq_attempts_table,
+    "d128_order_gain_min": lambda: f"{_order_gains(True).min():.2f}",
+    "d128_order_gain_max": lambda: f"{_order_gains(True).max():.2f}",
+    "d128_order_full_min": lambda: f"{_order_gains(False).min():.2f}",
+    "d128_order_full_max": lambda: f"{_order_gains(False).max():.2f}",
+    "d128_groups_8k_gain": lambda: f"{_groups_gain('1 x 16 x 8,192'):.2f}",
+    "d128_order_step_ratio": lambda: f"{_vs_cudnn_now('1 x 32 x 32,768'):.2f}",
+}, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
+           "d128_dq_attempts": dq_attempts_table,
            "d128_register_operands": register_operands_table}, claims={
     # both register operands together beat the shared-memory kernel by over 5% at slots 1, causal
     # and not, and by more than either alone; the backward still behind cuDNN's
@@ -181,6 +256,20 @@ register("flash", facts={
     # no reordering of dQ's chain gained more than 2% anywhere, and none gained causal
     "d128_dq_reorders_did_not_help": lambda: bool((dq_attempts()["causal"] <= 1.0).all()
                                                   and (dq_attempts()["not causal"].dropna() < 1.02).all()),
+    # dQ under dK: faster at every causal shape, by over 3% at the median; without the mask no
+    # faster than noise (1%) anywhere and slower at 32,768
+    "d128_dq_under_dk_helps_causal": lambda: bool(
+        _order_gains(True).min() > 1.0 and _order_gains(True).median() > 1.03
+        and _order_gains(True).iloc[:4].min() > _order_gains(True).iloc[4:].max()  # 4k and 8k over 32k
+        and _order_gains(False).max() < 1.01 and _order_gains(False).iloc[-1] < 1.0),
+    # ours ahead of cuDNN's backward at 1 x 16 x 4,096 and 8,192 causal, behind at the step's cell
+    "d128_bwd_ahead_at_16_heads_up_to_8k": lambda: bool(
+        min(_vs_cudnn_now("1 x 16 x 4,096"), _vs_cudnn_now("1 x 16 x 8,192")) > 1.0 > _vs_cudnn_now("1 x 32 x 32,768")),
+    # the dividing groups: no causal cell slower beyond noise (2%), both 8k cells (3 heads a group
+    # before) faster by over 5%
+    "d128_dividing_groups_help": lambda: bool(
+        min(_groups_gain(c) for c in order_and_groups().query("mask == 'causal'").cell) > 0.98
+        and min(_groups_gain("1 x 16 x 8,192"), _groups_gain("1 x 32 x 8,192")) > 1.05),
     # dQ (its matmul and its adds, each a real part of it) is over a quarter of the backward;
     # grouping the heads cut the backward by over 5% and took the forward to at least cuDNN's
     # speed; the backward stays behind
