@@ -3,9 +3,9 @@
 d = 128, causal, beside the floor any Python autograd.Function pays on CUDA tensors (a trivial one)
 and SDPA's whole step. No profiler: each piece called 300 times, timed with perf_counter, no sync
 inside the loop (what the host spends queuing). Run inside scripts/on_device.sh; prints a table."""
-import time
 import torch
 import torch.nn.functional as F
+from probe_common import Trivial, host_us
 from cs336_systems.attention.fast import function as fn
 from cs336_systems.attention.fast.launch import launch_bwd, launch_fwd
 from cs336_systems.attention.fast.triton_launch import launch_preprocess
@@ -19,30 +19,10 @@ o, L = launch_fwd(qd, kd, vd, True, fwd_plan)
 o32 = o.float()
 
 
-class Trivial(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
 
 x = torch.randn(8, device="cuda", requires_grad=True)
 gx = torch.randn(8, device="cuda")
 
-
-def host_us(f, n=300):
-    for _ in range(30):
-        f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return us
 
 
 def step():

@@ -5,12 +5,12 @@ step), the step itself timed plain, beside SDPA and a trivial autograd.Function.
 1 x 16 x 4,096, d = 128, causal (Gluon both ways) and 1 x 32 x 1,024 (Triton backward). Prints a table."""
 import collections
 import functools
-import sys
 import threading
 import time
 
 import torch
 import torch.nn.functional as F
+from probe_common import Trivial, host_us
 
 from cs336_systems.attention.fast import direct_launch, function as fn, launch
 from cs336_systems.attention.fast.gluon import bwd128_ws, fwd_ws
@@ -39,26 +39,6 @@ def patch(obj, attr, name=None, static=False):
     setattr(obj, attr, staticmethod(w) if static else w)
 
 
-def host_us(f, n=300):
-    for _ in range(30):
-        f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return us
-
-
-class Trivial(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
 
 
 for Z, H, N, causal in ((1, 16, 4096, True), (1, 32, 1024, True)):

@@ -1,0 +1,28 @@
+# ruff: noqa  (shared by the one-off host probes beside it)
+"""What the host probes share: the host µs of a call queued back to back (no sync inside the loop),
+and a trivial autograd.Function, the floor any Python Function pays on CUDA tensors."""
+import time
+
+import torch
+
+
+def host_us(f, n=300):
+    for _ in range(30):
+        f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    us = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+class Trivial(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
