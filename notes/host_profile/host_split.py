@@ -80,7 +80,21 @@ pieces = [
     (fwd_ws, "heads_per_group", None, False),
     (direct_launch.DirectKernel, "launch", "DirectKernel.launch", False),
     (direct_launch, "_device_and_stream", None, False), (direct_launch, "_hooked", None, False),
+    (fwd_ws, "_launch_spec", "fwd _launch_spec", False), (bwd128_ws, "_launch_spec", "bwd128 _launch_spec", False),
+    (torch, "empty_like", "torch.empty_like", False), (torch, "empty", "torch.empty", False),
+    (torch, "zeros", "torch.zeros", False),
 ]
+# inside the compiled launcher (Triton 3.6's names): where DirectKernel.launch's time goes
+try:
+    import triton
+    import triton.backends.nvidia.driver as nvd
+
+    pieces += [(nvd, "make_tensordesc_arg", "triton make_tensordesc_arg", False),
+               (nvd.CudaLauncher, "__call__", "triton CudaLauncher.__call__", False)]
+    utils = triton.runtime.driver.active.utils
+    utils.fill_tma_descriptor = timed("triton fill_tma_descriptor", utils.fill_tma_descriptor)
+except Exception as e:
+    print("no launcher patches:", e)
 for obj, attr, name, static in pieces:
     patch(obj, attr, name, static)
 _real_from_tensor = None
