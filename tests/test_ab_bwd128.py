@@ -69,3 +69,10 @@ def test_dv_early_issues_dvs_product_before_the_wait_for_dpt():
     order = [tiles.index(x) for x in ("pT = gl.exp2(", "dv = hopper.warpgroup_mma(", "warpgroup_mma_wait(1, deps=[dpT])",
                                       "dsT = (pT * (dpT - Di", "dk = hopper.warpgroup_mma(")]
     assert order == sorted(order)
+
+
+def test_the_order_versions_fix_the_dq_order_under_either_mask():
+    for version, want in (("dq_under_dk", "if True:"), ("dq_after_dk", "if False:")):
+        tiles = ab_bwd128.variant_source(version, SOURCE)
+        tiles = tiles[tiles.index("def _tiles"):tiles.index("return dk, dv")]
+        assert "if DQ_UNDER_DK:" not in tiles and tiles.count(want) == 3

@@ -144,8 +144,11 @@ def _with_writer(source: str) -> str:
 # for dP^T), and runs while dS^T is computed and stored; groups retire in order, so waiting with
 # one outstanding still finds dP^T done. P^T's bf16 operand lives a little longer.
 DP_WAIT = "        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])\n"
+# dq_under_dk / dq_after_dk: the kernel's dQ order (DQ_UNDER_DK, which the launcher sets from the
+# mask) forced one way under either mask, to time either order anywhere
+ORDER_IF = "        if DQ_UNDER_DK:\n"
 # the markers a version edits in more than one place (every other is edited exactly once)
-MARKER_COUNTS = {TILES_KV: 2, SPEC_ARGS: 2, BARRIERS: 3}
+MARKER_COUNTS = {TILES_KV: 2, SPEC_ARGS: 2, BARRIERS: 3, ORDER_IF: 3}
 
 
 VERSIONS = {
@@ -158,6 +161,8 @@ VERSIONS = {
     "k_rs": "K_W in registers for the whole program, the left operand of every S^T product",
     "v_rs": "V_W in registers for the whole program, the left operand of every dP^T product",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
+    "dq_under_dk": "dQ's product between dV's and dK's, its adds under dK's, under either mask (the causal order)",
+    "dq_after_dk": "dQ's product and adds after dV's and dK's, under either mask (the order without the mask)",
 }
 
 
@@ -174,6 +179,7 @@ def variant_source(name: str, source: str) -> str:
         return source
     needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
              "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
+             "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
              }.get(name, ())
@@ -201,6 +207,8 @@ def variant_source(name: str, source: str) -> str:
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n"))
     if name == "no_reduce":
         return source.replace(REDUCE, _guard(REDUCE))
+    if name in ("dq_under_dk", "dq_after_dk"):  # a constant the compiler folds, as the constexpr
+        return source.replace(ORDER_IF, ORDER_IF.replace("DQ_UNDER_DK", str(name == "dq_under_dk")))
     raise ValueError(f"ab_bwd128: unknown version {name!r}; choose from {list(VERSIONS)}")
 
 
