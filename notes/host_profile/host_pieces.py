@@ -4,8 +4,7 @@ d = 128, causal, beside the floor any Python autograd.Function pays on CUDA tens
 and SDPA's whole step. No profiler: each piece called 300 times, timed with perf_counter, no sync
 inside the loop (what the host spends queuing). Run inside scripts/on_device.sh; prints a table."""
 import torch
-import torch.nn.functional as F
-from probe_common import Trivial, host_us
+from probe_common import host_us, steps
 from cs336_systems.attention.fast import function as fn
 from cs336_systems.attention.fast.launch import launch_bwd, launch_fwd
 from cs336_systems.attention.fast.triton_launch import launch_preprocess
@@ -19,25 +18,7 @@ o, L = launch_fwd(qd, kd, vd, True, fwd_plan)
 o32 = o.float()
 
 
-
-x = torch.randn(8, device="cuda", requires_grad=True)
-gx = torch.randn(8, device="cuda")
-
-
-
-def step():
-    fn.FlashAttentionFast.apply(q, k, v, True).backward(do)
-    q.grad = k.grad = v.grad = None
-
-
-def sdpa():
-    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
-    q.grad = k.grad = v.grad = None
-
-
-def trivial():
-    Trivial.apply(x).backward(gx)
-    x.grad = None
+step, sdpa, trivial = steps(q, k, v, do, True)
 
 
 pieces = {

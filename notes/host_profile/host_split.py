@@ -9,8 +9,7 @@ import threading
 import time
 
 import torch
-import torch.nn.functional as F
-from probe_common import Trivial, host_us
+from probe_common import host_us, steps
 
 from cs336_systems.attention.fast import direct_launch, function as fn, launch
 from cs336_systems.attention.fast.gluon import bwd128_ws, fwd_ws
@@ -44,23 +43,10 @@ def patch(obj, attr, name=None, static=False):
 for Z, H, N, causal in ((1, 16, 4096, True), (1, 32, 1024, True)):
     q, k, v = [torch.randn(Z, H, N, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
     do = torch.randn_like(q)
-    x = torch.randn(8, device="cuda", requires_grad=True)
-    gx = torch.randn(8, device="cuda")
-
-    def ours():
-        fn.FlashAttentionFast.apply(q, k, v, causal).backward(do)
-        q.grad = k.grad = v.grad = None
+    ours, sdpa, trivial = steps(q, k, v, do, causal)
 
     def ours_fwd_graph():
         fn.FlashAttentionFast.apply(q, k, v, causal)
-
-    def sdpa():
-        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
-        q.grad = k.grad = v.grad = None
-
-    def trivial():
-        Trivial.apply(x).backward(gx)
-        x.grad = None
 
     print(f"== {Z}x{H}x{N}x128 causal={causal}: plans {fn._plan('fwd', q, k, causal)} / {fn._plan('bwd', q, k, causal)}")
     for name, f in (("trivial Function fwd+bwd", trivial), ("SDPA fwd+bwd", sdpa), ("ours fwd+bwd", ours),
@@ -108,11 +94,7 @@ except Exception as e:
 for Z, H, N, causal in ((1, 16, 4096, True), (1, 32, 1024, True)):
     q, k, v = [torch.randn(Z, H, N, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
     do = torch.randn_like(q)
-
-    def ours():
-        fn.FlashAttentionFast.apply(q, k, v, causal).backward(do)
-        q.grad = k.grad = v.grad = None
-
+    ours = steps(q, k, v, do, causal)[0]
     for _ in range(30):
         ours()
     torch.cuda.synchronize()

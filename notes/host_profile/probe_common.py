@@ -26,3 +26,27 @@ class Trivial(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g
+
+
+def steps(q, k, v, do, causal):
+    """(ours, SDPA's, a trivial Function's) eager forward+backward steps on these inputs."""
+    import torch.nn.functional as F
+
+    from cs336_systems.attention.fast.function import FlashAttentionFast
+
+    x = torch.randn(8, device=q.device, requires_grad=True)
+    gx = torch.randn(8, device=q.device)
+
+    def ours():
+        FlashAttentionFast.apply(q, k, v, causal).backward(do)
+        q.grad = k.grad = v.grad = None
+
+    def sdpa():
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
+        q.grad = k.grad = v.grad = None
+
+    def trivial():
+        Trivial.apply(x).backward(gx)
+        x.grad = None
+
+    return ours, sdpa, trivial
