@@ -315,7 +315,8 @@ FACTS = {
     "grid_met_fwd_bwd": lambda: len(met("fwd_bwd")),
     "grid_met_fwd_bwd_d64": lambda: int((level(met("fwd_bwd"), "d") == 64).sum()),
     "grid_met_fwd_bwd_d128": lambda: int((level(met("fwd_bwd"), "d") == 128).sum()),
-    "grid_met_fwd_bwd_d128_cells": lambda: "; ".join(cell_words(c) for c in met("fwd_bwd")[level(met("fwd_bwd"), "d") == 128].index),
+    "grid_met_fwd_bwd_d128_cells": lambda: "; ".join(cell_words(c).replace(", d = 128", "")
+                                                     for c in met("fwd_bwd")[level(met("fwd_bwd"), "d") == 128].index),
     "grid_met_fwd": lambda: len(met("fwd")),
     "grid_d128_fwd_met_from": lambda: f'{min(level(met("fwd")[level(met("fwd"), "d") == 128], "seq")):,}',
     "grid_16x4096_causal_d128": lambda: f"{speeds().loc[CELL_16x4096]:.2f}",
