@@ -478,6 +478,8 @@ register("flash", facts=FACTS, tables={
     "d64_long_cells_within_2_percent": lambda: long_range("fwd_bwd", d=64).min() > 0.98,
     "grid_ours_is_one_version": _ours_one_version,
     "host_sets_the_16x4096_cell": _host_sets_the_16x4096_cell,
+    "d128_step_and_long_full_cells_behind": lambda: bool(
+        long_range("fwd_bwd", d=128, mask="full").max() < 1.0 and step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd")),
     "short_sequences_furthest_behind": lambda: level(speeds(), "seq")[speeds().argmin()] <= 2048
     and speeds()[level(speeds(), "seq") <= 2048].min() < speeds()[level(speeds(), "seq") >= 4096].min(),
     "ours_leads_flash_at_long_sequences": lambda: beats_from("flash") <= LONG
