@@ -154,7 +154,7 @@ def dq_attempts_table() -> str:
     runs = [r for _, _, c, n in DQ_ATTEMPTS for r in (c, n) if r]
     used = where(load_results(AB, status="ok"), seq=32768)
     return (markdown_table(t) + "\n\n" + provenance_line(used[used.run.isin(runs)], "results/attention/ab_bwd128")
-            + " *The committed backward's time over each version's, both in one run at 1 x 32 x 32,768 x 128"
+            + " *That kernel's time over each version's, both in one run at 1 x 32 x 32,768 x 128"
               " (stages 2, dS^T slots 1; above 1.00x the version is faster); medians of three interleaved"
               " rounds. — : not run.*")
 
