@@ -206,15 +206,20 @@ def _order_gains(causal: bool) -> pd.Series:
     return t["before"] / t["dQ under dK"]
 
 
+def causal_row(cell: str) -> pd.Series:
+    """The sweep's row of one causal cell ("1 x 16 x 4,096")."""
+    return order_and_groups().set_index(["cell", "mask"]).loc[(cell, "causal")]
+
+
 def _vs_cudnn_now(cell: str) -> float:
     """At a causal cell: cuDNN's backward ms over ours now (above 1: ours faster)."""
-    t = order_and_groups().set_index(["cell", "mask"]).loc[(cell, "causal")]
+    t = causal_row(cell)
     return float(t["cuDNN"] / t["now"])
 
 
 def _groups_gain(cell: str) -> float:
     """At a causal cell: dQ under dK at the old head groups over it at the launcher's groups now."""
-    t = order_and_groups().set_index(["cell", "mask"]).loc[(cell, "causal")]
+    t = causal_row(cell)
     return float(t["dQ under dK"] / t["now"])
 
 

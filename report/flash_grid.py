@@ -384,9 +384,9 @@ CELL_16x4096 = (128, "causal", "1 x 16", 4096)
 def _host_sets_the_16x4096_cell() -> bool:
     """At 1 x 16 x 4,096, d = 128, causal: our backward alone (the A/B sweep) ahead of cuDNN's, the
     grid's forward+backward behind by over 5%, and over 1.3x our forward plus that backward."""
-    from .flash_d128 import _vs_cudnn_now, order_and_groups
+    from .flash_d128 import _vs_cudnn_now, causal_row
 
-    bwd = order_and_groups().set_index(["cell", "mask"]).loc[("1 x 16 x 4,096", "causal"), "now"]
+    bwd = causal_row("1 x 16 x 4,096")["now"]
     ms = lambda mode: speeds("ours", mode, "median_ms").loc[CELL_16x4096]  # noqa: E731
     return bool(_vs_cudnn_now("1 x 16 x 4,096") > 1.0 and speeds().loc[CELL_16x4096] < 0.95
                 and ms("fwd_bwd") > 1.3 * (ms("fwd") + bwd))
