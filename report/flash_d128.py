@@ -163,7 +163,9 @@ def order_and_groups() -> pd.DataFrame:
     """Per shape of the sweep: the backward's ms before, with dQ under dK, with the groups the
     launcher picks now (dQ under dK causal, the old order without the mask; NaN where that group was
     not timed), and cuDNN's backward (its forward+backward less its forward)."""
-    from cs336_systems.attention.fast.gluon.bwd128_ws import heads_per_group
+    import torch
+
+    from cs336_systems.attention.fast.gluon.bwd128_ws import heads_per_group, reread_bytes_per_head
 
     df = where(load_results(AB, status="ok"), git=ORDER_GIT)
     out = []
@@ -171,7 +173,7 @@ def order_and_groups() -> pd.DataFrame:
         st, sl = ORDER_SETTINGS[bool(causal)]
         ms = lambda version, group: where(cell, impl="gluon bwd128", version=version, stages=st, slots=sl,  # noqa: E731
                                           group=group).ms.median()
-        group = heads_per_group(b * h, n * 128 * 8)  # Q, dO bf16 and dQ fp32: 8 bytes a value
+        group = heads_per_group(b * h, reread_bytes_per_head(n, 128, torch.bfloat16))
         cudnn = where(cell, impl="cudnn fwd+bwd").ms.median() - where(cell, impl="cudnn fwd").ms.median()
         out.append({"cell": f"{b} x {h} x {n:,}", "mask": "causal" if causal else "none",
                     "before": ms("full", 0), "dQ under dK": ms("dq_first", 0),

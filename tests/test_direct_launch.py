@@ -105,13 +105,43 @@ def test_gpu_direct_launches_match_triton_dispatch():
     o_ref, L_ref = launch_fwd_ws(q, k, v, True, kernel=fwd_ws_kernel)
     delta = launch_preprocess(o_ref, do)
     dq_ref, dk_ref, dv_ref = launch_bwd_onepass_ws(q, k, v, do, L_ref, delta, True, kernel=bwd_onepass_ws_kernel)
-    for _ in range(2):  # the first call compiles through Triton, the second launches directly
-        o, L = launch_fwd_ws(q, k, v, True)
-        dq, dk, dv = launch_bwd_onepass_ws(q, k, v, do, L, delta, True)
-    assert torch.equal(o, o_ref) and torch.equal(L, L_ref)
-    assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
-    # dQ: an fp32 sum in another order, rounded to bf16: at most one bf16 step (2^-7 relative) apart
-    torch.testing.assert_close(dq.float(), dq_ref.float(), rtol=2**-7, atol=2**-7 * dq_ref.float().abs().max().item())
+    # the first call compiles through Triton, the second launches directly; the third's inputs live
+    # at other addresses, so the direct call must make their tensor maps, not reuse the first ones
+    for inputs in ((q, k, v, do), (q, k, v, do), tuple(t.clone() for t in (q, k, v, do))):
+        o, L = launch_fwd_ws(*inputs[:3], True)
+        dq, dk, dv = launch_bwd_onepass_ws(*inputs, L, delta.clone(), True)
+        assert torch.equal(o, o_ref) and torch.equal(L, L_ref)
+        assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
+        # dQ: an fp32 sum in another order, rounded to bf16: at most one bf16 step (2^-7 relative) apart
+        torch.testing.assert_close(dq.float(), dq_ref.float(), rtol=2**-7,
+                                   atol=2**-7 * dq_ref.float().abs().max().item())
+
+
+@needs_gpu
+@pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernels need sm_90")
+@pytest.mark.skipif(not triton.__version__.startswith("3.6"), reason="the Gluon kernels are written for Triton 3.6")
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_gpu_d128_direct_launches_match_triton_dispatch(is_causal):
+    """The d = 128 forward and backward launched both ways, then directly at new addresses: the same
+    bits for O, L, dK, dV; dQ (fp32 adds in any order, rounded to bf16) within one bf16 step."""
+    from cs336_systems.attention.fast.gluon.bwd128_ws import launch_bwd128_ws
+    from cs336_systems.attention.fast.gluon.flash_bwd128_ws_kernel import bwd128_ws_kernel
+    from cs336_systems.attention.fast.gluon.flash_fwd_ws_kernel import fwd_ws_kernel
+    from cs336_systems.attention.fast.gluon.fwd_ws import launch_fwd_ws
+    from cs336_systems.attention.flash_launch import launch_preprocess
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(1, 4, 512, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    o_ref, L_ref = launch_fwd_ws(q, k, v, is_causal, 128, 3, 2, kernel=fwd_ws_kernel)
+    delta = launch_preprocess(o_ref, do)
+    dq_ref, dk_ref, dv_ref = launch_bwd128_ws(q, k, v, do, L_ref, delta, is_causal, kernel=bwd128_ws_kernel)
+    for inputs in ((q, k, v, do), (q, k, v, do), tuple(t.clone() for t in (q, k, v, do))):
+        o, L = launch_fwd_ws(*inputs[:3], is_causal, 128, 3, 2)
+        dq, dk, dv = launch_bwd128_ws(*inputs, L, delta.clone(), is_causal)
+        assert torch.equal(o, o_ref) and torch.equal(L, L_ref)
+        assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
+        torch.testing.assert_close(dq.float(), dq_ref.float(), rtol=2**-7,
+                                   atol=2**-7 * dq_ref.float().abs().max().item())
 
 
 @needs_gpu

@@ -11,8 +11,9 @@ import torch
 def _fake(d=128, n=1024, contiguous=True):
     import types
 
+    strides = (16 * n * d, n * d, d, 1) if contiguous else (16 * n * d, d, 16 * d, 1)  # (b, s, h, d) memory
     t = types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=torch.bfloat16, shape=(1, 16, n, d),
-                              is_contiguous=lambda: contiguous)
+                              is_contiguous=lambda: contiguous, stride=lambda: strides)
     t.contiguous = lambda: _fake(d, n, True)
     return t
 
@@ -37,6 +38,7 @@ def hopper(monkeypatch):
     monkeypatch.setattr(triton, "__version__", "3.6.0")
     monkeypatch.setattr(launch, "_shape", lambda q, k: None)
     monkeypatch.setattr(launch, "_WARNED", set())
+    monkeypatch.setattr(launch, "_VERDICTS", {})  # verdicts are of this process's Triton, faked here
     calls = []
     monkeypatch.setattr(fwd_ws, "launch_fwd_ws", lambda q, k, v, *a, **kw: calls.append(("gluon fwd", q)) or "gluon")
     monkeypatch.setattr(bwd128_ws, "launch_bwd128_ws", lambda q, k, v, do, *a, **kw: calls.append(("gluon bwd", q)) or "g")

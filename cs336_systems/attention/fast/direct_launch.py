@@ -14,6 +14,14 @@ strides), or its dtype, shape, strides, box and layout (tensor descriptors). Und
 interpreter, or while a launch hook is installed (a profiler's), every call takes Triton's path.
 So does every call of a kernel whose compiled form lacks what the direct call needs (another
 Triton's internals: written against 3.6, the GPU's, and 3.9): a one-time warning says so.
+
+A launch site may pass a tensor descriptor as a `Tma` (the tensor, its 2-D view's shape and strides,
+the box, the shared layout) instead of Triton's TensorDescriptor, whose checks cost microseconds per
+call. On Triton 3.6 the direct call then hands the C launcher the expanded arguments itself, with
+each descriptor's filled tensor map kept per data pointer: the map encodes only the address and the
+geometry, and the geometry is in the launch key, so a map made for a pointer is the map of every
+tensor later found at that address with that key (the cache holds addresses, never tensors). On
+other Tritons the compiled launcher expands them, as for Triton's own descriptors.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -31,6 +41,35 @@ from ..triton_loader import interpreting
 # compiled form (the launcher and what it is handed), as Triton 3.6 to 3.9 name them.
 KERNEL_NEEDS = ("arg_names", "params")
 COMPILED_NEEDS = ("run", "function", "packed_metadata")
+
+
+class Tma(NamedTuple):
+    """A tensor descriptor as a launch site hands it to `DirectKernel.launch`: what Gluon's
+    TensorDescriptor holds, without its per-call checks (made where Triton's dispatch needs one)."""
+    base: torch.Tensor
+    shape: tuple[int, ...]  # of the view the kernel addresses, e.g. (Z * H * N, d)
+    strides: tuple[int, ...]
+    block_shape: tuple[int, ...]
+    layout: object  # the NVMMA shared layout of a box
+    padding: str = "zero"
+
+    @classmethod
+    def rows(cls, t: torch.Tensor, block_shape, layout) -> "Tma":
+        """A contiguous tensor as (rows, last dim): the (Z * H * N, d) view of (Z, H, N, d)."""
+        d = t.shape[-1]
+        return cls(t, (t.numel() // d, d), (d, 1), tuple(block_shape), layout)
+
+    def descriptor(self):
+        """Gluon's TensorDescriptor of the same tile (Triton's dispatch specialises on its type)."""
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        view = self.base.as_strided(self.shape, self.strides)  # the view a launch site used to describe
+        return TensorDescriptor.from_tensor(view, list(self.block_shape), self.layout, self.padding)
+
+
+def for_triton(args: tuple) -> tuple:
+    """`args` with every `Tma` as a TensorDescriptor: what `kernel[grid](*args)` takes."""
+    return tuple(a.descriptor() if type(a) is Tma else a for a in args)
 
 
 def _spec(arg):
@@ -44,7 +83,7 @@ def _spec(arg):
         return arg.dtype, arg.data_ptr() % 16 == 0
     if arg is None or kind is bool or kind is float:
         return kind, arg  # the type too: True == 1 == 1.0 in a dict key, but Triton types them apart
-    base = arg.base  # a tensor descriptor (Triton's or Gluon's)
+    base = arg.base  # a tensor descriptor (Triton's, Gluon's or a Tma)
     return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
             getattr(arg, "layout", None), getattr(arg, "padding", None))
 
@@ -86,19 +125,22 @@ class DirectKernel:
 
     def launch(self, grid: tuple[int, ...], args: tuple, constexprs: dict):
         if self.unavailable or self.interpreted or _DISPATCH_ONLY[0] or _hooked():
-            return self.kernel[grid](*args, **constexprs)
+            return self.kernel[grid](*for_triton(args), **constexprs)
         device, stream = _device_and_stream()
         key = (device, tuple(constexprs.items()), tuple(map(_spec, args)))
         found = self.compiled.get(key)
         if found is None:
-            compiled = self.kernel[grid](*args, **constexprs)  # compiles, or loads from Triton's cache
+            compiled = self.kernel[grid](*for_triton(args), **constexprs)  # compiles, or loads from Triton's cache
             found = self._direct_call(compiled, len(args), constexprs)
             if found is not None:
                 self.compiled[key] = found
             return compiled
-        run, function, metadata, tail = found
+        run, function, metadata, tail, raw = found
         g0, g1, g2 = (*grid, 1, 1)[:3]
-        run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *tail)  # no launch metadata, no hooks
+        if raw is None:
+            run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *tail)  # no launch metadata, no hooks
+        else:
+            raw.launch(g0, g1, g2, stream, function, metadata, args, tail)
         return None
 
     def _direct_call(self, compiled, n_args: int, constexprs: dict) -> tuple | None:
@@ -119,7 +161,74 @@ class DirectKernel:
                           "per call", stacklevel=3)
             return None
         tail = tuple(constexprs[n] if n in constexprs else defaults[n] for n in names)
-        return compiled.run, compiled.function, compiled.packed_metadata, tail
+        return compiled.run, compiled.function, compiled.packed_metadata, tail, RawLauncher.of(compiled.run, n_args)
+
+
+# The leading arguments of Triton 3.6's C launcher (grid, stream, function, cooperative, PDL,
+# scratch, metadata, hooks); another layout is another Triton's, launched as it is.
+TRITON_36_BASE_ARGS = "iiiKKppOOOOOO"
+MAPS_PER_ARGUMENT = 64  # filled tensor maps kept per descriptor argument of a launch (addresses seen)
+
+
+class RawLauncher:
+    """Triton 3.6's C launcher of one compiled kernel, called without its Python wrappers: the
+    runtime arguments expanded here (a descriptor into its tensor map, shape and strides), the
+    tensor maps of `Tma` arguments kept per data pointer. `of` finds the pieces, or None (another
+    Triton, a launch that needs scratch memory): then the compiled launcher is called as it is."""
+
+    def __init__(self, c_launch, cooperative, pdl, expand, metas: dict):
+        self.c_launch, self.cooperative, self.pdl = c_launch, cooperative, pdl
+        self.expand = expand  # Triton's make_tensordesc_arg(descriptor, its metadata) -> [map, *shape, *strides]
+        self.metas = metas  # descriptor argument position -> its metadata (None: a host-side descriptor's)
+        self.maps: dict[int, dict[int, list]] = {i: {} for i in metas}
+
+    @classmethod
+    def of(cls, launcher, n_args: int) -> "RawLauncher | None":
+        driver = sys.modules.get(type(launcher).__module__)
+        if getattr(driver, "_BASE_ARGS_FORMAT", None) != TRITON_36_BASE_ARGS or \
+                not hasattr(driver, "make_tensordesc_arg"):
+            return None  # not Triton 3.6's launcher (a stand-in, or another Triton)
+        if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+            return None  # Triton allocates scratch memory per launch
+        inner = launcher.launch
+        closure = getattr(inner, "__closure__", None)
+        if closure is None:  # no descriptor arguments: the C launcher itself
+            c_launch, indices, metas = inner, set(), []
+        else:  # wrap_handle_tensordesc's closure around it
+            cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in closure)))
+            if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+                return None
+            c_launch, indices, metas = cells["launcher"], cells["tensordesc_indices"], cells["tensordesc_meta"]
+        if any(i >= n_args for i in indices):
+            return None  # a descriptor among the constexprs' positions: not a launch this class knows
+        return cls(c_launch, launcher.launch_cooperative_grid, launcher.launch_pdl, driver.make_tensordesc_arg,
+                   dict(zip(sorted(indices), metas)))
+
+    def launch(self, g0, g1, g2, stream, function, metadata, args: tuple, tail: tuple):
+        if self.metas:
+            expanded = []
+            for i, a in enumerate(args):
+                if i in self.metas:
+                    expanded += self._tensor_map(i, a)
+                else:
+                    expanded.append(a)
+            args = expanded
+        self.c_launch(g0, g1, g2, stream, function, self.cooperative, self.pdl, None, None, metadata, None, None,
+                      None, *args, *tail)
+
+    def _tensor_map(self, i: int, desc) -> list:
+        """The expanded descriptor argument `i`: a `Tma`'s from the cache (its geometry is fixed by
+        the launch key, so its address alone tells maps apart), any other descriptor's afresh."""
+        if type(desc) is not Tma:
+            return self.expand(desc, self.metas[i])
+        maps = self.maps[i]
+        ptr = desc.base.data_ptr()
+        found = maps.get(ptr)
+        if found is None:
+            if len(maps) >= MAPS_PER_ARGUMENT:
+                maps.clear()
+            found = maps[ptr] = self.expand(desc, self.metas[i])
+        return found
 
 
 @functools.cache

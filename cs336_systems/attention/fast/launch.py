@@ -33,7 +33,7 @@ def launch_fwd(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, plan: FwdPlan) 
         from .gluon.fwd_ws import fwd_ws_supported, launch_fwd_ws
 
         g = plan.gluon
-        why, (q, k, v) = _gluon_inputs(lambda *t: fwd_ws_supported(*t, g.block_n), q, k, v)
+        why, (q, k, v) = _gluon_inputs(fwd_ws_supported, (g.block_n,), q, k, v)
         if why is None:
             return launch_fwd_ws(q, k, v, is_causal, g.block_n, g.stages, g.warpgroups, checked=True)
         _warn_fallback("forward", why)
@@ -45,7 +45,7 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
     """dQ, dK, dV (Z, H, N, d) in the inputs' dtype. L is the forward's fp32 (Z, H, n_q)."""
     _shape(q, k)
     if plan.gluon is not None:
-        why, (q, k, v, do) = _gluon_inputs(lambda *t: gluon_bwd_supported(*t, is_causal), q, k, v, do)
+        why, (q, k, v, do) = _gluon_inputs(gluon_bwd_supported, (is_causal,), q, k, v, do)
         if why is None:
             return launch_gluon_bwd(q, k, v, do, L, launch_preprocess(o, do), is_causal, plan.gluon, checked=True)
         _warn_fallback("backward", why)
@@ -56,17 +56,32 @@ def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor
 
 CONTIGUOUS = "needs contiguous inputs"
 _WARNED: set[tuple[str, str]] = set()
+_VERDICTS: dict[tuple, str | None] = {}  # the facts of a rule's inputs -> its verdict
+MAX_VERDICTS = 4096  # kinds of inputs remembered (a training run has a handful)
 
 
-def _gluon_inputs(supported, *tensors: Tensor) -> tuple[str | None, tuple[Tensor, ...]]:
-    """(why a Gluon kernel cannot take the inputs or None, the inputs it gets): copied to contiguous
-    memory where that alone kept it from taking them. A model's (batch, heads, seq, d) views of
-    (batch, seq, heads, d) projections are strided, and a copy of Q, K, V costs a few percent of the
-    attention it lets the faster kernel run. One rule check on the host path when nothing is copied."""
-    why = supported(*tensors)
+def _verdict(supported, options: tuple, tensors: tuple[Tensor, ...]) -> str | None:
+    """`supported(*tensors, *options)`, remembered: a rule reads only the tensors' shapes, strides,
+    dtypes and devices (and the process's GPU and Triton), so the same facts get the same verdict."""
+    facts = (supported, options, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+    if facts in _VERDICTS:
+        return _VERDICTS[facts]
+    if len(_VERDICTS) >= MAX_VERDICTS:
+        _VERDICTS.clear()
+    why = _VERDICTS[facts] = supported(*tensors, *options)
+    return why
+
+
+def _gluon_inputs(supported, options: tuple, *tensors: Tensor) -> tuple[str | None, tuple[Tensor, ...]]:
+    """(why a Gluon kernel cannot take the inputs or None, the inputs it gets), by the rule
+    `supported(*tensors, *options)`: copied to contiguous memory where that alone kept it from
+    taking them. A model's (batch, heads, seq, d) views of (batch, seq, heads, d) projections are
+    strided, and a copy of Q, K, V costs a few percent of the attention it lets the faster kernel
+    run. One remembered verdict on the host path when nothing is copied."""
+    why = _verdict(supported, options, tensors)
     if why == CONTIGUOUS:
         copies = tuple(t.contiguous() for t in tensors)
-        why = supported(*copies)  # the copies' reason, if another rule still refuses them
+        why = _verdict(supported, options, copies)  # the copies' reason, if another rule still refuses them
         if why is None:
             return None, copies
     return why, tensors

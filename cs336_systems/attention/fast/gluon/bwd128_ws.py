@@ -7,9 +7,12 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from ..direct_launch import Tma, for_triton
 
 BM = 64  # queries per tile
 BN = 128  # keys per program: two math warpgroups of 64
@@ -44,19 +47,19 @@ def heads_per_group(n_bh: int, bytes_per_head: int) -> int:
     return group
 
 
-def _descriptors(q, k, v, do, dq):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+def reread_bytes_per_head(n_q: int, d: int, dtype: torch.dtype) -> int:
+    """What every program of a head re-reads: its Q and dO (`dtype`) and the fp32 dQ it adds into."""
+    return n_q * d * (2 * dtype.itemsize + 4)
 
+
+def _descriptors(q, k, v, do, dq) -> tuple[Tma, ...]:
     from .onepass_ws import shared_layout
 
     d = q.shape[-1]
     qd = shared_layout(BM, d, q.dtype)
     kv = shared_layout(BN, d, q.dtype)
-    return (TensorDescriptor.from_tensor(q.reshape(-1, d), [BM, d], qd),
-            TensorDescriptor.from_tensor(k.reshape(-1, d), [BN, d], kv),
-            TensorDescriptor.from_tensor(v.reshape(-1, d), [BN, d], kv),
-            TensorDescriptor.from_tensor(do.reshape(-1, d), [BM, d], qd),
-            TensorDescriptor.from_tensor(dq.view(-1, d), [BM, 64], shared_layout(BM, 64, torch.float32)))
+    return (Tma.rows(q, (BM, d), qd), Tma.rows(k, (BN, d), kv), Tma.rows(v, (BN, d), kv), Tma.rows(do, (BM, d), qd),
+            Tma.rows(dq, (BM, 64), shared_layout(BM, 64, torch.float32)))
 
 
 def _constexprs(d: int, is_causal: bool, stages: int, slots: int) -> dict:
@@ -72,7 +75,7 @@ def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, sl
                      kernel=None, group: int | None = None, checked: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of (Z, H, N, 128) inputs (see `bwd128_supported`); L, delta (Z, H, n_q) fp32.
     `kernel` replaces the committed kernel (for ablations); `group`: heads whose programs run
-    together (default `heads_per_group` of Q and dO, 2 bytes, and dQ, 4 bytes, per value);
+    together (default `heads_per_group` of `reread_bytes_per_head`);
     `checked`: the caller has asked `bwd128_supported` of these inputs (the speed path's launcher)."""
     if stages < 2 or slots < 1:
         raise ValueError(f"launch_bwd128_ws: stages must be at least 2 and slots at least 1, got {stages}, {slots}")
@@ -80,36 +83,43 @@ def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, sl
         raise ValueError(f"launch_bwd128_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
     n_k = k.shape[2]
-    grid, default_group, constexprs, scales, direct_kernel = _launch_spec(Z * H, n_q, n_k, d, q.dtype, is_causal,
-                                                                          stages, slots)
+    spec = _launch_spec(Z * H, n_q, n_k, d, q.dtype, is_causal, stages, slots)
     if group is None:
-        group = default_group
+        group = spec.group
     if not 1 <= group <= Z * H:
         raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
-    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, scales[1], scales[0], group)
+    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, spec.qk_scale, spec.sm_scale, group)
     if kernel is None:
-        direct_kernel.launch(grid, args, constexprs)
+        spec.direct.launch(spec.grid, args, spec.constexprs)
     else:
-        kernel[grid](*args, **constexprs)
+        kernel[spec.grid](*for_triton(args), **spec.constexprs)
     return dq.to(q.dtype), dk, dv
+
+
+class LaunchSpec(NamedTuple):
+    """What a launch passes besides its tensors, the same for every call of one shape and plan."""
+    grid: tuple[int, int]
+    group: int  # the default heads per group
+    constexprs: dict
+    sm_scale: float
+    qk_scale: float
+    direct: object  # the kernel's DirectKernel
 
 
 @functools.cache
 def _launch_spec(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, stages: int,
-                 slots: int) -> tuple:
-    """(grid, default group, constexprs, (sm_scale, qk_scale), the kernel's DirectKernel): the same
-    for every call of one shape and plan, so built once (an eager call's host time is most of a
-    short launch's)."""
+                 slots: int) -> LaunchSpec:
+    """Built once per shape and plan: an eager call's host time is most of a short launch's."""
     from ...flash_launch import _scales
     from ..direct_launch import direct
     from .flash_bwd128_ws_kernel import bwd128_ws_kernel
 
-    group = heads_per_group(n_bh, n_q * d * (2 * dtype.itemsize + 4))
-    return ((n_k // BN, n_bh), group, _constexprs(d, is_causal, stages, slots), _scales(d),
-            direct(bwd128_ws_kernel))
+    group = heads_per_group(n_bh, reread_bytes_per_head(n_q, d, dtype))
+    return LaunchSpec((n_k // BN, n_bh), group, _constexprs(d, is_causal, stages, slots), *_scales(d),
+                      direct(bwd128_ws_kernel))
 
 
 def bwd128_args_for_report(is_causal: bool, stages: int, slots: int):
@@ -120,6 +130,6 @@ def bwd128_args_for_report(is_causal: bool, stages: int, slots: int):
     x = torch.empty(1, 1, n, d, dtype=torch.bfloat16)
     dq = torch.empty(1, 1, n, d, dtype=torch.float32)
     vec = torch.empty(1, 1, n, dtype=torch.float32)
-    q_d, k_d, v_d, do_d, dq_d = _descriptors(x, x, x, x, dq)
+    q_d, k_d, v_d, do_d, dq_d = for_triton(_descriptors(x, x, x, x, dq))
     args = (q_d, k_d, v_d, do_d, vec, vec, dq_d, x, x, n, n, 0.1, 0.1, 1)
     return bwd128_ws_kernel, args, _constexprs(d, is_causal, stages, slots)

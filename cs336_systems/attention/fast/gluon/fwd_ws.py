@@ -13,6 +13,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..direct_launch import Tma, for_triton
+
 ROWS = 64  # query rows per consumer warpgroup
 
 
@@ -77,17 +79,17 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
         group = spec.group
     if not 1 <= group <= Z * H:
         raise ValueError(f"launch_fwd_ws: group must be in [1, {Z * H}], got {group}")
-    descriptor = spec.descriptor
-    q_desc = descriptor.from_tensor(q.reshape(-1, d), [ROWS, d], spec.q_layout)
-    k_desc = descriptor.from_tensor(k.reshape(-1, d), [block_n, d], spec.kv_layout)
-    v_desc = descriptor.from_tensor(v.reshape(-1, d), [block_n, d], spec.kv_layout)
+    rows = Tma.rows
+    q_desc = rows(q, (ROWS, d), spec.q_layout)
+    k_desc = rows(k, (block_n, d), spec.kv_layout)
+    v_desc = rows(v, (block_n, d), spec.kv_layout)
     o = torch.empty_like(q)
     L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
     args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, spec.qk_scale, group)
     if kernel is None:
         spec.direct.launch(spec.grid, args, spec.constexprs)
     else:
-        kernel[spec.grid](*args, **spec.constexprs)
+        kernel[spec.grid](*for_triton(args), **spec.constexprs)
     return o, L
 
 
@@ -99,7 +101,6 @@ class LaunchSpec(NamedTuple):
     q_layout: object  # the shared-memory layouts of the Q and K/V tiles
     kv_layout: object
     qk_scale: float
-    descriptor: type  # Gluon's TensorDescriptor
     direct: object  # the kernel's DirectKernel
 
 
@@ -108,7 +109,6 @@ def _launch_spec(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_c
                  stages: int, warpgroups: int, device: torch.device) -> LaunchSpec:
     """Built once per shape and plan: an eager call's host time is most of a short launch's."""
     import triton
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ...flash_launch import _scales
     from ..direct_launch import direct
@@ -121,4 +121,4 @@ def _launch_spec(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_c
     constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
                       num_warps=4, maxnreg=maxnreg)
     return LaunchSpec(grid, group, constexprs, shared_layout(ROWS, d, dtype), shared_layout(block_n, d, dtype),
-                      _scales(d)[1], TensorDescriptor, direct(fwd_ws_kernel))
+                      _scales(d)[1], direct(fwd_ws_kernel))

@@ -54,10 +54,8 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     """dQ, dK, dV of (Z, H, N, 64) inputs (see `ws_supported`); L, delta (Z, H, n_q) fp32.
     block_n keys per program (128), one math warpgroup per 64 of them; one more warpgroup
     (dq_regs registers per thread) does dQ's matmul and adds. `kernel` replaces the committed kernel (for ablations)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from ...flash_launch import _scales
-    from ..direct_launch import direct
+    from ..direct_launch import Tma, direct, for_triton
     from .flash_bwd_ws_kernel import bwd_onepass_ws_kernel
 
     if block_n != 128:  # at 64 keys two programs per SM do not fit their registers without spills
@@ -69,9 +67,9 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     Z, H, n_q, d = q.shape
     n_k = k.shape[2]
     layout = shared_layout(BLOCK, d, q.dtype)
-    descs = [TensorDescriptor.from_tensor(t.reshape(-1, d), [BLOCK, d], layout) for t in (q, k, v, do)]
+    descs = [Tma.rows(t, (BLOCK, d), layout) for t in (q, k, v, do)]
     dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
-    dq_desc = TensorDescriptor.from_tensor(dq.view(-1, d), [BLOCK, d], shared_layout(BLOCK, d, torch.float32))
+    dq_desc = Tma.rows(dq, (BLOCK, d), shared_layout(BLOCK, d, torch.float32))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale, qk_scale = _scales(d)
     maxnreg, math_regs = register_split(block_n, dq_regs)
@@ -82,5 +80,5 @@ def launch_bwd_onepass_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 
     if kernel is None:
         direct(bwd_onepass_ws_kernel).launch(grid, args, constexprs)
     else:
-        kernel[grid](*args, **constexprs)
+        kernel[grid](*for_triton(args), **constexprs)
     return dq.to(q.dtype), dk, dv
