@@ -318,7 +318,7 @@ FACTS = {
     "grid_met_fwd_bwd_d128_cells": lambda: "; ".join(cell_words(c).replace(", d = 128", "")
                                                      for c in met("fwd_bwd")[level(met("fwd_bwd"), "d") == 128].index),
     "grid_met_fwd": lambda: len(met("fwd")),
-    "grid_d128_fwd_met_from": lambda: f'{min(level(met("fwd")[level(met("fwd"), "d") == 128], "seq")):,}',
+    "grid_met_fwd_d128": lambda: int((level(met("fwd"), "d") == 128).sum()),
     "grid_16x4096_causal_d128": lambda: f"{speeds().loc[CELL_16x4096]:.2f}",
     "grid_worst_fwd_bwd": lambda: f"{speeds().min():.2f}",
     "grid_worst_fwd_bwd_cell": lambda: cell_words(speeds().idxmin()),
@@ -338,6 +338,7 @@ FACTS = {
     **{f"gpu_now_{k.lower()}": lambda k=k: gpu_tests.counts()[k] for k in ("PASSED", "SKIPPED")},
     **low_high("grid_long_d64_full_{}", lambda: long_range("fwd_bwd", d=64, mask="full")),
     **low_high("grid_long_d128_{}", lambda: long_range("fwd_bwd", d=128)),
+    **low_high("grid_long_d64_{}", lambda: long_range("fwd_bwd", d=64)),
     "grid_first_git": lambda: run_gits()[0],
     **low_high("grid_long_d64_full_before_{}", lambda: first_run_long(d=64, mask="full")),
     **low_high("grid_long_d128_full_before_{}", lambda: first_run_long(d=128, mask="full")),
@@ -369,13 +370,13 @@ def _fwd_bwd_met_in_gluon_cells() -> bool:
     """Forward+backward meets the goal in some cells, at both head dims but at d = 128 in fewer than
     a quarter of the cells from 4,096, each run by the Gluon kernels; the forward at both head
     dims, at d = 128 only in Gluon cells."""
-    gluon = {"large, Gluon", "huge, Gluon"}
     fb, f = met("fwd_bwd"), met("fwd")
     f128 = f[level(f, "d") == 128]
     d128 = speeds()[(level(speeds(), "d") == 128) & (level(speeds(), "seq") >= 4096)]
+    gluon = lambda names: all(n.endswith("Gluon") for n in names)  # noqa: E731
     return (0 < len(fb) < len(speeds()) and 0 < (level(fb, "d") == 128).sum() < len(d128) / 4
-            and set(plans().loc[fb.index].fwd) <= gluon and set(plans().loc[fb.index].bwd) <= gluon
-            and set(level(f, "d")) == {64, 128} and set(plans().loc[f128.index].fwd) <= gluon)
+            and gluon(plans().loc[fb.index].fwd) and gluon(plans().loc[fb.index].bwd)
+            and set(level(f, "d")) == {64, 128} and gluon(plans().loc[f128.index].fwd))
 
 
 CELL_16x4096 = (128, "causal", "1 x 16", 4096)
@@ -420,7 +421,7 @@ def _tuner_shapes_as_described() -> bool:
 
 def _non_causal_d64_now_even() -> bool:
     before, after = first_run_long(d=64, mask="full"), long_range("fwd_bwd", d=64, mask="full")
-    return (before.max() < 0.9 and after.min() > 0.98 and (after > before.reindex(after.index)).all()
+    return (before.max() < 0.9 and after.min() > 0.95 and (after > before.reindex(after.index)).all()
             and set(plans().loc[after.index].fwd) == {"large, Gluon"})
 
 
@@ -470,12 +471,14 @@ register("flash", facts=FACTS, tables={
         len(s) == 2 * 2 * 2 * len(SEQS) and s.notna().all() and sorted(set(level(s, "seq"))) == list(SEQS)
         for s in (speeds("ours", m) for m in ("fwd", "fwd_bwd"))),
     "goal_met_fwd_bwd_in_gluon_cells": _fwd_bwd_met_in_gluon_cells,
-    # every long d = 128 cell: forward within 2% of cuDNN or faster, forward+backward no more than
-    # level (under 1.01x); the step's cell behind forward+backward, its forward at least cuDNN's
+    # every long d = 128 cell: forward within 2% of cuDNN or faster, forward+backward behind in most
+    # (at most a quarter of them ahead, by under 5%); the step's cell behind forward+backward, its
+    # forward at least cuDNN's
     "d128_forward_even_backward_behind": lambda: (
-        long_range("fwd", d=128).min() > 0.98 and long_range("fwd_bwd", d=128).max() < 1.01
+        long_range("fwd", d=128).min() > 0.98 and long_range("fwd_bwd", d=128).max() < 1.05
+        and (long_range("fwd_bwd", d=128) >= 1).mean() <= 0.25
         and step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd") and step("ours", "fwd") <= step("cudnn", "fwd")),
-    "d64_long_cells_within_2_percent": lambda: long_range("fwd_bwd", d=64).min() > 0.98,
+    "d64_long_cells_within_5_percent": lambda: long_range("fwd_bwd", d=64).min() > 0.95,
     "grid_ours_is_one_version": _ours_one_version,
     "host_sets_the_16x4096_cell": _host_sets_the_16x4096_cell,
     "d128_step_and_long_full_cells_behind": lambda: bool(
