@@ -159,6 +159,69 @@ def dq_attempts_table() -> str:
               " rounds. — : not run.*")
 
 
+# The non-causal backward at the two cells furthest behind (1 x 32 x 8,192 and 32,768), one run
+# each: every version at the table's (2, 2) and at one slot, against the kernel at (2, 2)
+FULL_RUNS = {"1 x 32 x 8,192": "20261202T033105", "1 x 32 x 32,768": "20261202T033148"}
+FULL_VERSIONS = (("full", 2, "the kernel, at the table's two dS^T slots"), ("full", 1, "the kernel, one slot"),
+                 ("no_reduce", 2, "ablation: no dQ adds (dQ wrong)"),
+                 ("red2", 2, "two dQ staging buffers a warpgroup: a tile's adds drain behind the next"),
+                 ("delta_early", 2, "Delta loaded beside L, behind S^T's product"),
+                 ("stats_first", 2, "L and Delta loaded before the wait for Q and dO"),
+                 ("dq_under_dk", 2, "dQ's product between dV's and dK's, its adds under dK's (the causal order)"))
+# three dS^T slots (they fit beside two Q/dO stages), each against the table's settings in one run
+SLOTS3 = {"1 x 32 x 8,192, not causal": ("20261202T035715", (2, 2)),
+          "1 x 32 x 32,768, causal": ("20261202T035734", (3, 1))}
+
+
+def _full_ms(run: str, version: str, stages: int, slots: int) -> float:
+    df = where(load_results(AB, status="ok"), run=run, impl="gluon bwd128", version=version)
+    return float(where(df, stages=stages, slots=slots).ms.median())
+
+
+def _cudnn_bwd_ms(run: str) -> float:
+    """cuDNN's backward in one A/B run: its forward+backward less its forward."""
+    df = where(load_results(AB, status="ok"), run=run)
+    return float(where(df, impl="cudnn fwd+bwd").ms.median() - where(df, impl="cudnn fwd").ms.median())
+
+
+def non_causal_versions() -> pd.DataFrame:
+    """Per version: the kernel's time at (2, 2) over the version's, per cell (above 1: faster)."""
+    rows = [{"version": f"`{v}`", "slots": sl, "what it changes": what,
+             **{cell: _full_ms(run, "full", 2, 2) / _full_ms(run, v, 2, sl) for cell, run in FULL_RUNS.items()}}
+            for v, sl, what in FULL_VERSIONS]
+    rows.append({"version": "cuDNN", "slots": None, "what it changes": "its backward (forward+backward less forward)",
+                 **{cell: _full_ms(run, "full", 2, 2) / _cudnn_bwd_ms(run) for cell, run in FULL_RUNS.items()}})
+    return pd.DataFrame(rows)
+
+
+def non_causal_versions_table() -> str:
+    t = non_causal_versions()
+    for cell in FULL_RUNS:
+        t[cell] = [f"{x:.2f}x" for x in t[cell]]
+    t["slots"] = ["" if pd.isna(x) else f"{x:.0f}" for x in t["slots"]]
+    used = load_results(AB, status="ok")
+    return (markdown_table(t) + "\n\n" + provenance_line(used[used.run.isin(FULL_RUNS.values())],
+                                                           "results/attention/ab_bwd128")
+            + " *The kernel's time at two Q/dO stages and two dS^T slots over each version's, both in one run"
+              " per cell (not causal; above 1.00x the version is faster); medians of three interleaved rounds.*")
+
+
+def _non_causal_adds_cost() -> bool:
+    """Without dQ's adds over 10% faster at both cells and ahead of cuDNN's backward, which is
+    ahead of the kernel at both, and no candidate faster than the kernel by over 2% (noise)."""
+    t, cells = non_causal_versions(), list(FULL_RUNS)
+    pick = lambda *names: t[t.version.isin(names)][cells]  # noqa: E731
+    others = t[~t.version.isin(["`no_reduce`", "cuDNN"])][cells]
+    return bool(pick("`no_reduce`").min().min() > max(1.1, pick("cuDNN").max().max())
+                and pick("cuDNN").min().min() > 1.0
+                and others.max().max() < 1.02)
+
+
+def _three_slots(cell: str) -> float:
+    run, (st, sl) = SLOTS3[cell]
+    return _full_ms(run, "full", st, sl) / _full_ms(run, "full", 2, 3)
+
+
 def order_and_groups() -> pd.DataFrame:
     """Per shape of the sweep: the backward's ms before, with dQ under dK, with the groups the
     launcher picks now (dQ under dK causal, the old order without the mask; NaN where that group was
@@ -247,7 +310,10 @@ register("flash", facts={
     "d128_order_full_max": lambda: f"{_order_gains(False).max():.2f}",
     "d128_groups_8k_gain": lambda: f"{_groups_gain('1 x 16 x 8,192'):.2f}",
     "d128_order_step_ratio": lambda: f"{_vs_cudnn_now('1 x 32 x 32,768'):.2f}",
+    "d128_three_slots_full": lambda: f"{_three_slots('1 x 32 x 8,192, not causal'):.2f}",
+    "d128_three_slots_step": lambda: f"{_three_slots('1 x 32 x 32,768, causal'):.2f}",
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
+           "d128_non_causal_versions": non_causal_versions_table,
            "d128_dq_attempts": dq_attempts_table,
            "d128_register_operands": register_operands_table}, claims={
     # both register operands together beat the shared-memory kernel by over 5% at slots 1, causal
@@ -260,6 +326,11 @@ register("flash", facts={
         (r := register_operands().set_index("version")).loc["`dv_rs+dk_rs`", "causal, slots 1"]
         > max(1.05, r["causal, slots 1"].drop("`dv_rs+dk_rs`").max())
         and r.loc["`dv_rs+dk_rs`", "not causal, slots 1"] > 1.05 and _step(REGS_ST3, "backward vs cuDNN") < 1.0),
+    # not causal: without dQ's adds over 10% faster at both cells, cuDNN's backward ahead at both,
+    # and no candidate faster than the kernel by over 2% (noise) at either
+    "d128_non_causal_adds_cost_reorders_do_not": _non_causal_adds_cost,
+    # three dS^T slots slower than the table's settings by over 3%, not causal and at the step's cell
+    "d128_three_slots_slower": lambda: max(_three_slots(c) for c in SLOTS3) < 0.97,
     # no reordering of dQ's chain gained more than 2% anywhere, and none gained causal
     "d128_dq_reorders_did_not_help": lambda: bool((dq_attempts()["causal"] <= 1.0).all()
                                                   and (dq_attempts()["not causal"].dropna() < 1.02).all()),
