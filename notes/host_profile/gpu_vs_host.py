@@ -4,22 +4,11 @@ synchronisation between them? Per step: the host time of 300 queued steps (the q
 this is the slower of the two), the host time of 10 queued steps (too few to fill the queue: the
 host's own time), the GPU's kernel time (torch.profiler, summed per step, with the kernels listed),
 and any synchronising call (torch.cuda.set_sync_debug_mode). Ours beside SDPA."""
-import time
 import warnings
 
 import torch
 from probe_common import host_us, steps
 from torch.profiler import ProfilerActivity, profile
-
-
-def few_us(f, n=10):
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    us = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return us
 
 
 for causal in (True, False):
@@ -28,7 +17,7 @@ for causal in (True, False):
     ours, sdpa, _ = steps(q, k, v, do, causal)
     for name, f in (("ours", ours), ("sdpa", sdpa)):
         full = host_us(f)
-        few = min(few_us(f) for _ in range(5))
+        few = min(host_us(f, n=10, warmup=0) for _ in range(5))
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(20):
                 f()

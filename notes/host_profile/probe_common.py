@@ -6,8 +6,8 @@ import time
 import torch
 
 
-def host_us(f, n=300):
-    for _ in range(30):
+def host_us(f, n=300, warmup=30):
+    for _ in range(warmup):
         f()
     torch.cuda.synchronize()
     t = time.perf_counter()
