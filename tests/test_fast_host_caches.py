@@ -88,3 +88,26 @@ def test_a_plan_is_built_once_per_key():
     q = randn(1, 2, 24, 16)
     assert function._plan("fwd", q, q, True) is function._plan("fwd", q.clone(), q.clone(), True)
     assert function._plan("bwd", q, q, True) is not function._plan("bwd", q, q, False)
+
+
+def test_a_gluon_rule_is_asked_once_per_kind_of_input(monkeypatch):
+    # `fast.launch._verdict`: a rule reads only shapes, strides, dtypes and devices (and its options)
+    from cs336_systems.attention.fast import launch
+
+    monkeypatch.setattr(launch, "_VERDICTS", {})
+    asked = []
+
+    def rule(*args):
+        asked.append(args)
+        return None if args[0].is_contiguous() else launch.CONTIGUOUS
+
+    x = torch.zeros(1, 2, 8, 4)
+    strided = torch.zeros(1, 8, 2, 4).transpose(1, 2)  # a model's (batch, heads, seq, d) view
+    for _ in range(3):
+        assert launch._verdict(rule, (True,), (x, x)) is None
+    assert len(asked) == 1
+    assert launch._verdict(rule, (False,), (x, x)) is None and len(asked) == 2  # other options: asked again
+    # strided inputs: refused for their strides, then their contiguous copies pass on the
+    # remembered verdict of x's facts (the same shapes, strides, dtype and device)
+    why, got = launch._gluon_inputs(rule, (True,), strided, strided)
+    assert why is None and all(t.is_contiguous() for t in got) and len(asked) == 3
