@@ -1,7 +1,9 @@
 """The speed work beside the teaching path: measured launch plans and faster kernels.
 
     plans.py, table.py, tuned_configs.py   what to launch per shape, and the measured table (data)
+    tuned.py                               the table's plan for an input, built once per key
     launch.py, function.py                 run a plan; `FlashAttentionFast`, the tuned autograd Function
+    eager_lane.py                          an eager call's Gluon launches prepared once per kind of input
     triton_launch.py, direct_launch.py     the teaching kernels launched without Triton's per-call dispatch
     op.py                                  the same kernels as a torch.library custom op (what the
                                            training step runs: compile and checkpoint policies see it)

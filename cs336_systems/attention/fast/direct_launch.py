@@ -143,6 +143,33 @@ class DirectKernel:
             raw.launch(g0, g1, g2, stream, function, metadata, args, tail)
         return None
 
+    def bind(self, grid: tuple[int, ...], args: tuple, constexprs: dict):
+        """Launch as `launch` does, then return a function of the arguments alone that launches later
+        `args` of the same launch key without computing the key again (for a launch with ~15
+        arguments, most of a direct launch's Python). The caller vouches that later arguments agree
+        with these in everything the key holds (dtypes, 16-byte alignment, integer values,
+        descriptor geometry), as a launch prepared for one shape, dtype and plan does. Where this
+        launch took Triton's dispatch (the interpreter, a hook, another Triton), later ones ask again."""
+        self.launch(grid, args, constexprs)
+        device, _ = _device_and_stream()
+        found = None
+        if not (self.unavailable or self.interpreted or _DISPATCH_ONLY[0] or _hooked()):
+            found = self.compiled.get((device, tuple(constexprs.items()), tuple(map(_spec, args))))
+        if found is None:
+            return lambda later: self.launch(grid, later, constexprs)
+        run, function, metadata, tail, raw = found
+        g0, g1, g2 = (*grid, 1, 1)[:3]
+
+        def launch(later: tuple):
+            now, stream = _device_and_stream()
+            if _DISPATCH_ONLY[0] or _hooked() or now != device:
+                return self.launch(grid, later, constexprs)
+            if raw is None:
+                run(g0, g1, g2, stream, function, metadata, None, None, None, *later, *tail)
+            else:
+                raw.launch(g0, g1, g2, stream, function, metadata, later, tail)
+        return launch
+
     def _direct_call(self, compiled, n_args: int, constexprs: dict) -> tuple | None:
         """What later launches hand the launcher, read from the kernel and the compiled form that
         Triton's first launch returned; None, once and for all with a warning, where they lack it."""

@@ -8,18 +8,16 @@ A plan handed in (`apply(q, k, v, is_causal, fwd_plan, bwd_plan)`) replaces the 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..flash_triton import check_triton_inputs, unit_last_stride
 from ..inputs import AttentionInputs
 from ..saved_state import load_attention_state, save_attention_state, unfold_like
 from ..triton_loader import interpreting
+from .eager_lane import lane_for
 from .launch import launch_bwd, launch_fwd
 from .plans import BwdPlan, FwdPlan
-from .table import lookup, size_class
-from .tuned_configs import TUNED
+from .tuned import plan_for, tuned_plan  # noqa: F401  (tuned_plan: the tests ask it through this module)
 
 
 class FlashAttentionFast(torch.autograd.Function):
@@ -30,6 +28,13 @@ class FlashAttentionFast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, fwd_plan: FwdPlan | None = None, bwd_plan: BwdPlan | None = None):
         compiling = torch.compiler.is_compiling()
+        # an eager call of a kind of input seen before, on the Gluon kernels: its launches prepared
+        planned = fwd_plan is not None or bwd_plan is not None
+        lane = ctx.lane = None if compiling or planned else lane_for(q, k, v, is_causal)
+        if lane is not None:
+            o, L = lane.forward(q, k, v)
+            save_attention_state(ctx, AttentionInputs(q, k, v, q.shape[:2], is_causal), o, L)
+            return o
         x = check_triton_inputs(q, k, v, is_causal) if compiling else checked_inputs(q, k, v, is_causal)
         forward = _forward_opaque if compiling else _forward
         o4, L = forward(x.q, x.k, x.v, x.is_causal, fwd_plan)  # (Z, H, n_q, d), (Z, H, n_q) fp32
@@ -41,6 +46,8 @@ class FlashAttentionFast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, L = load_attention_state(ctx)
+        if ctx.lane is not None and not torch.compiler.is_compiling():
+            return (*ctx.lane.backward(q, k, v, o, L, do), None, None, None)
         do4 = unit_last_stride(do.unsqueeze(1) if ctx.lead_ndim == 1 else do)
         backward = _backward_opaque if torch.compiler.is_compiling() else _backward
         dq, dk, dv = backward(q, k, v, o, L, do4, ctx.is_causal, ctx.bwd_plan)
@@ -74,17 +81,8 @@ def checked_inputs(q, k, v, is_causal) -> AttentionInputs:
     return AttentionInputs(unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), lead, is_causal)
 
 
-# A plan depends only on the key's fields (and on whether the interpreter runs, which picks its own
-# tiles), so each is built once: an eager call then builds no plan objects on the host, whose time
-# is most of a short call's (the grid's short cells).
-@functools.cache
-def tuned_plan(kind: str, dtype: torch.dtype, d: int, is_causal: bool, size: str, interpreter: bool):
-    return lookup(TUNED, kind, dtype, d, is_causal, size)
-
-
 def _plan(kind, q, k, is_causal):
-    Z, H, n_q, d = q.shape
-    return tuned_plan(kind, q.dtype, d, is_causal, size_class(Z * H, n_q, k.shape[2]), interpreting())
+    return plan_for(kind, q, k, is_causal)
 
 
 def _forward(q, k, v, is_causal, plan):

@@ -71,6 +71,31 @@ def _pre_constexprs(d: int, block_m: int) -> dict:
     return dict(HEAD_DIM=d, HEAD_DIM_PAD=next_power_of_2(max(d, 16)), BLOCK_M=block_m)
 
 
+class PreprocessLaunch:
+    """Delta's launch for contiguous (Z, H, n_q, d) O and dO of one shape, its arguments but the
+    tensors found once: `run(o, do)` (`prepare_preprocess`; `eager_lane`'s backward launches it)."""
+
+    def __init__(self, Z: int, H: int, n_q: int, d: int, block_m: int = 64):
+        strides = (H * n_q * d, n_q * d, d, 1)
+        self.grid, self.shape = (_cdiv(n_q, block_m), Z * H), (Z, H, n_q)
+        self.tail = (*strides, *strides, H, n_q)  # O's and dO's strides, heads, queries
+        self.constexprs = _pre_constexprs(d, block_m)
+        self.direct = direct(kernels(BWD).bwd_preprocess_kernel)
+        self._launch = None  # the bound launch, after the first
+
+    def run(self, o: Tensor, do: Tensor) -> Tensor:
+        delta = torch.empty(self.shape, dtype=torch.float32, device=o.device)
+        args = (o, do, delta, *self.tail)
+        if self._launch is None:
+            self._launch = self.direct.bind(self.grid, args, self.constexprs)
+        else:
+            self._launch(args)
+        return delta
+
+
+prepare_preprocess = functools.cache(PreprocessLaunch)
+
+
 def launch_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, L: Tensor, do: Tensor, is_causal: bool,
                c: BwdConfig) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV (Z, H, N, d) in the inputs' dtype, as `flash_launch.launch_bwd`."""

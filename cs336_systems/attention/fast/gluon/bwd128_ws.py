@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -52,14 +51,19 @@ def reread_bytes_per_head(n_q: int, d: int, dtype: torch.dtype) -> int:
     return n_q * d * (2 * dtype.itemsize + 4)
 
 
-def _descriptors(q, k, v, do, dq) -> tuple[Tma, ...]:
+def _geometry(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype) -> tuple[tuple, ...]:
+    """The tensor maps' geometry (`_rows`) of Q, of K (V's is the same), of dO, and of dQ's fp32
+    sum (64-column boxes: each math warpgroup adds its half)."""
+    return (_rows(n_bh * n_q, d, (BM, d), dtype), _rows(n_bh * n_k, d, (BN, d), dtype),
+            _rows(n_bh * n_q, d, (BM, d), dtype), _rows(n_bh * n_q, d, (BM, 64), torch.float32))
+
+
+def _rows(n_rows: int, cols: int, box: tuple[int, int], dtype: torch.dtype) -> tuple:
+    """(shape, strides, box, shared layout) of a contiguous tensor seen as (n_rows, cols): a `Tma`'s
+    fields after its tensor."""
     from .onepass_ws import shared_layout
 
-    d = q.shape[-1]
-    qd = shared_layout(BM, d, q.dtype)
-    kv = shared_layout(BN, d, q.dtype)
-    return (Tma.rows(q, (BM, d), qd), Tma.rows(k, (BN, d), kv), Tma.rows(v, (BN, d), kv), Tma.rows(do, (BM, d), qd),
-            Tma.rows(dq, (BM, 64), shared_layout(BM, 64, torch.float32)))
+    return (n_rows, cols), (cols, 1), box, shared_layout(*box, dtype)
 
 
 def _constexprs(d: int, is_causal: bool, stages: int, slots: int) -> dict:
@@ -82,44 +86,63 @@ def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, sl
     if not checked and (why := bwd128_supported(q, k, v, do, is_causal)) is not None:
         raise ValueError(f"launch_bwd128_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
-    n_k = k.shape[2]
-    spec = _launch_spec(Z * H, n_q, n_k, d, q.dtype, is_causal, stages, slots)
-    if group is None:
-        group = spec.group
-    if not 1 <= group <= Z * H:
+    prepared = prepare(Z * H, n_q, k.shape[2], d, q.dtype, is_causal, stages, slots)
+    if kernel is None and group is None:
+        return prepared.run(q, k, v, do, L, delta)
+    if group is not None and not 1 <= group <= Z * H:
         raise ValueError(f"launch_bwd128_ws: group must be in [1, {Z * H}], got {group}")
-    dq = torch.zeros((Z, H, n_q, d), dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    q_d, k_d, v_d, do_d, dq_d = _descriptors(q, k, v, do, dq)
-    args = (q_d, k_d, v_d, do_d, L, delta, dq_d, dk, dv, n_q, n_k, spec.qk_scale, spec.sm_scale, group)
+    dq, dk, dv, args = prepared.outputs_and_args(q, k, v, do, L, delta, group)
     if kernel is None:
-        spec.direct.launch(spec.grid, args, spec.constexprs)
+        prepared.direct.launch(prepared.grid, args, prepared.constexprs)
     else:
-        kernel[spec.grid](*for_triton(args), **spec.constexprs)
+        kernel[prepared.grid](*for_triton(args), **prepared.constexprs)
     return dq.to(q.dtype), dk, dv
 
 
-class LaunchSpec(NamedTuple):
-    """What a launch passes besides its tensors, the same for every call of one shape and plan."""
-    grid: tuple[int, int]
-    group: int  # the default heads per group
-    constexprs: dict
-    sm_scale: float
-    qk_scale: float
-    direct: object  # the kernel's DirectKernel
+class BwdLaunch:
+    """The backward's launch for one shape, dtype and plan, its answers found once:
+    `run(q, k, v, do, L, delta)` allocates dQ's fp32 sum, dK and dV, and launches."""
+
+    def __init__(self, n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, stages: int,
+                 slots: int):
+        from ...flash_launch import _scales
+        from ..direct_launch import direct
+        from .flash_bwd128_ws_kernel import bwd128_ws_kernel
+
+        self.grid = (n_k // BN, n_bh)
+        self.group = heads_per_group(n_bh, reread_bytes_per_head(n_q, d, dtype))  # the default
+        self.constexprs = _constexprs(d, is_causal, stages, slots)
+        self.n_q, self.n_k = n_q, n_k
+        self.sm_scale, self.qk_scale = _scales(d)
+        self.geometry = _geometry(n_bh, n_q, n_k, d, dtype)  # of Q, K, V, dO, dQ's tensor maps
+        self.direct = direct(bwd128_ws_kernel)
+        self._launch = None  # the bound launch, after the first
+
+    def outputs_and_args(self, q, k, v, do, L, delta, group: int | None = None):
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        g_q, g_k, g_do, g_dq = self.geometry
+        args = (Tma(q, *g_q), Tma(k, *g_k), Tma(v, *g_k), Tma(do, *g_do), L, delta, Tma(dq, *g_dq), dk, dv,
+                self.n_q, self.n_k, self.qk_scale, self.sm_scale, self.group if group is None else group)
+        return dq, dk, dv, args
+
+    def run(self, q, k, v, do, L, delta) -> tuple[Tensor, Tensor, Tensor]:
+        """dQ, dK, dV of contiguous inputs of this launch's shape and dtype (unchecked)."""
+        dq, dk, dv, args = self.outputs_and_args(q, k, v, do, L, delta)
+        if (L.data_ptr() | delta.data_ptr()) & 15:  # the bound launch's kernel assumes 16-byte aligned rows
+            self.direct.launch(self.grid, args, self.constexprs)
+        elif self._launch is None:
+            self._launch = self.direct.bind(self.grid, args, self.constexprs)
+        else:
+            self._launch(args)
+        return dq.to(q.dtype), dk, dv
 
 
 @functools.cache
-def _launch_spec(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, stages: int,
-                 slots: int) -> LaunchSpec:
-    """Built once per shape and plan: an eager call's host time is most of a short launch's."""
-    from ...flash_launch import _scales
-    from ..direct_launch import direct
-    from .flash_bwd128_ws_kernel import bwd128_ws_kernel
-
-    group = heads_per_group(n_bh, reread_bytes_per_head(n_q, d, dtype))
-    return LaunchSpec((n_k // BN, n_bh), group, _constexprs(d, is_causal, stages, slots), *_scales(d),
-                      direct(bwd128_ws_kernel))
+def prepare(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, stages: int,
+            slots: int) -> BwdLaunch:
+    """The one BwdLaunch of a shape, dtype and plan."""
+    return BwdLaunch(n_bh, n_q, n_k, d, dtype, is_causal, stages, slots)
 
 
 def bwd128_args_for_report(is_causal: bool, stages: int, slots: int):
@@ -130,6 +153,7 @@ def bwd128_args_for_report(is_causal: bool, stages: int, slots: int):
     x = torch.empty(1, 1, n, d, dtype=torch.bfloat16)
     dq = torch.empty(1, 1, n, d, dtype=torch.float32)
     vec = torch.empty(1, 1, n, dtype=torch.float32)
-    q_d, k_d, v_d, do_d, dq_d = for_triton(_descriptors(x, x, x, x, dq))
+    g_q, g_k, g_do, g_dq = _geometry(1, n, n, d, x.dtype)
+    q_d, k_d, v_d, do_d, dq_d = for_triton((Tma(x, *g_q), Tma(x, *g_k), Tma(x, *g_k), Tma(x, *g_do), Tma(dq, *g_dq)))
     args = (q_d, k_d, v_d, do_d, vec, vec, dq_d, x, x, n, n, 0.1, 0.1, 1)
     return bwd128_ws_kernel, args, _constexprs(d, is_causal, stages, slots)

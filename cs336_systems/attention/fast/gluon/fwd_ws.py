@@ -8,7 +8,6 @@ other inputs run the Triton forward.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -73,52 +72,63 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
     if not checked and (why := fwd_ws_supported(q, k, v, block_n)) is not None:
         raise ValueError(f"launch_fwd_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
-    n_k = k.shape[2]
-    spec = _launch_spec(Z * H, n_q, n_k, d, q.dtype, is_causal, block_n, stages, warpgroups, q.device)
-    if group is None:
-        group = spec.group
-    if not 1 <= group <= Z * H:
+    prepared = prepare(Z * H, n_q, k.shape[2], d, q.dtype, is_causal, block_n, stages, warpgroups, q.device)
+    if kernel is None and group is None:
+        return prepared.run(q, k, v)
+    if group is not None and not 1 <= group <= Z * H:
         raise ValueError(f"launch_fwd_ws: group must be in [1, {Z * H}], got {group}")
-    rows = Tma.rows
-    q_desc = rows(q, (ROWS, d), spec.q_layout)
-    k_desc = rows(k, (block_n, d), spec.kv_layout)
-    v_desc = rows(v, (block_n, d), spec.kv_layout)
-    o = torch.empty_like(q)
-    L = torch.empty((Z, H, n_q), dtype=torch.float32, device=q.device)
-    args = (q_desc, k_desc, v_desc, o, L, n_q, n_k, spec.qk_scale, group)
+    o, L, args = prepared.outputs_and_args(q, k, v, group)
     if kernel is None:
-        spec.direct.launch(spec.grid, args, spec.constexprs)
+        prepared.direct.launch(prepared.grid, args, prepared.constexprs)
     else:
-        kernel[spec.grid](*for_triton(args), **spec.constexprs)
+        kernel[prepared.grid](*for_triton(args), **prepared.constexprs)
     return o, L
 
 
-class LaunchSpec(NamedTuple):
-    """What a launch passes besides its tensors, the same for every call of one shape and plan."""
-    grid: tuple[int, int]
-    group: int  # the default heads per group
-    constexprs: dict
-    q_layout: object  # the shared-memory layouts of the Q and K/V tiles
-    kv_layout: object
-    qk_scale: float
-    direct: object  # the kernel's DirectKernel
+class FwdLaunch:
+    """The forward's launch for one shape, dtype and plan, its answers found once: `run(q, k, v)`
+    allocates O and L and launches (an eager call's host time is most of a short launch's)."""
+
+    def __init__(self, n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, block_n: int,
+                 stages: int, warpgroups: int, device: torch.device):
+        import triton
+
+        from ...flash_launch import _scales
+        from ..direct_launch import direct
+        from .flash_fwd_ws_kernel import fwd_ws_kernel
+        from .onepass_ws import shared_layout
+
+        maxnreg, math_regs = register_split(warpgroups)
+        self.grid = (triton.cdiv(n_q, ROWS * warpgroups), n_bh)
+        self.group = heads_per_group(n_bh, 2 * n_k * d * dtype.itemsize, d, self.grid[0], device)  # the default
+        self.constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
+                               num_warps=4, maxnreg=maxnreg)
+        self.n_q, self.n_k, self.qk_scale = n_q, n_k, _scales(d)[1]
+        # the tensor maps' geometry: each input as its (Z * H * N, d) rows, a box of tile rows
+        self.q_geometry = ((n_bh * n_q, d), (d, 1), (ROWS, d), shared_layout(ROWS, d, dtype))
+        self.kv_geometry = ((n_bh * n_k, d), (d, 1), (block_n, d), shared_layout(block_n, d, dtype))
+        self.direct = direct(fwd_ws_kernel)
+        self._launch = None  # the bound launch, after the first
+
+    def outputs_and_args(self, q: Tensor, k: Tensor, v: Tensor, group: int | None = None):
+        o = torch.empty_like(q)
+        L = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        args = (Tma(q, *self.q_geometry), Tma(k, *self.kv_geometry), Tma(v, *self.kv_geometry), o, L, self.n_q,
+                self.n_k, self.qk_scale, self.group if group is None else group)
+        return o, L, args
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """O and L of contiguous (Z, H, n_q, d) inputs of this launch's shape and dtype (unchecked)."""
+        o, L, args = self.outputs_and_args(q, k, v)
+        if self._launch is None:
+            self._launch = self.direct.bind(self.grid, args, self.constexprs)
+        else:
+            self._launch(args)
+        return o, L
 
 
 @functools.cache
-def _launch_spec(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, block_n: int,
-                 stages: int, warpgroups: int, device: torch.device) -> LaunchSpec:
-    """Built once per shape and plan: an eager call's host time is most of a short launch's."""
-    import triton
-
-    from ...flash_launch import _scales
-    from ..direct_launch import direct
-    from .flash_fwd_ws_kernel import fwd_ws_kernel
-    from .onepass_ws import shared_layout
-
-    maxnreg, math_regs = register_split(warpgroups)
-    grid = (triton.cdiv(n_q, ROWS * warpgroups), n_bh)
-    group = heads_per_group(n_bh, 2 * n_k * d * dtype.itemsize, d, grid[0], device)
-    constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
-                      num_warps=4, maxnreg=maxnreg)
-    return LaunchSpec(grid, group, constexprs, shared_layout(ROWS, d, dtype), shared_layout(block_n, d, dtype),
-                      _scales(d)[1], direct(fwd_ws_kernel))
+def prepare(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, block_n: int, stages: int,
+            warpgroups: int, device: torch.device) -> FwdLaunch:
+    """The one FwdLaunch of a shape, dtype and plan."""
+    return FwdLaunch(n_bh, n_q, n_k, d, dtype, is_causal, block_n, stages, warpgroups, device)
