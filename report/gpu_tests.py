@@ -22,7 +22,7 @@ NEWEST_RUNS = ("nvidia-h200-5e654f81865b.log", "nvidia-h200-5e654f81865b-rest.lo
 # The files those runs covered: the attention tests with GPU cases.
 TEST_FILES = ("tests/test_flash_attention.py", "tests/test_model_attention_impls.py", "tests/test_weighted_sum.py",
               "tests/test_fwd_ws.py", "tests/test_onepass_ws.py", "tests/test_direct_launch.py",
-              "tests/test_flash_precision.py", "tests/test_bwd128_ws.py")
+              "tests/test_flash_precision.py", "tests/test_bwd128_ws.py", "tests/test_eager_lane.py")
 OUTCOMES = ("PASSED", "SKIPPED", "FAILED", "ERROR", "XFAIL", "XPASS")
 _WORD = "|".join(OUTCOMES)
 _ENDED_XDIST = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] ({_WORD}) (tests/\S+)")  # outcome, id
