@@ -34,7 +34,7 @@ REDUCE = ("        tma.store_wait(0)  # the previous tile's reduction has read t
           "        red.store(dq * sm_scale)\n"
           "        fence_async_shared()\n"
           "        gl.thread_barrier()\n"
-          "        _tma_reduce_add(dq_desc, [row_q + qt * BM, 64 * W], red)\n")
+          "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)\n")
 # red2: two dQ staging buffers per math warpgroup. A bulk reduction reads its shared-memory source
 # while L2 takes the adds, so with one buffer the next tile's store waits for the previous tile's
 # reduction to drain (the no_reduce ablation: about 6 ms of 48 at the 8B step's cell); with two,
@@ -51,9 +51,8 @@ REDUCE_BLOCK = re.compile(
 def _two_buffers(m: re.Match) -> str:
     """One dQ add through the warpgroup's staging buffer of its tile's parity (red2)."""
     ind, val, tile = m["ind"], m["val"], m["tile"]
-    # the buffer by the iteration's parity (i), not the tile's: rotated tiles wrap from the last to 0
-    lines = ["tma.store_wait(1)  # the reduction two iterations back has read this one's staging buffer",
-             "gl.thread_barrier()", "red_i = red.index(2 * W + (i & 1))", f"red_i.store({val})",
+    lines = ["tma.store_wait(1)  # the reduction two tiles back has read this tile's staging buffer",
+             "gl.thread_barrier()", f"red_i = red.index(2 * W + ({tile} & 1))", f"red_i.store({val})",
              "fence_async_shared()", "gl.thread_barrier()",
              f"_tma_reduce_add(dq_desc, [row_q + {tile} * BM, 64 * W], red_i)"]
     return "".join(ind + line + "\n" for line in lines)
@@ -89,10 +88,10 @@ def _kv_in_registers(source: str, which: str) -> str:
 # (both warpgroups at once). delta_early loads it beside L, behind S^T's product; stats_first loads
 # both at the top of the iteration, before the wait for Q and dO. The price: Delta's 16 registers
 # (and L's, for stats_first) live across the waits.
-L_LOAD = ("        offs_m = lo + qt * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))\n"
+L_LOAD = ("        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))\n"
           "        L2 = gl.load(L_row + offs_m) * LOG2E\n")
 D_LOAD = "        Di = gl.load(D_row + offs_m)\n"
-TILE_TOP = "        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)\n"
+TILE_TOP = "        s = i % STAGES\n        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)\n"
 
 
 # dq_writer: a one-warp partition issues dQ's reductions (as FA3's dQ writer does): a math
@@ -105,15 +104,11 @@ DQ_HANDOFF = ("        mbarrier.wait(dq_empty.index(W), (i & 1) ^ 1)  # the writ
               "        gl.thread_barrier()\n"
               "        mbarrier.arrive(dq_full.index(W), count=1)\n")
 WRITER = '''@gluon.jit
-def _dq_writer(dq_desc, red_s, dq_full, dq_empty, row_q, n_iter, first, BM: gl.constexpr, ROTATE: gl.constexpr):
+def _dq_writer(dq_desc, red_s, dq_full, dq_empty, row_q, n_iter, BM: gl.constexpr):
     for i in range(n_iter):
-        if ROTATE:
-            qt = (i + first) % n_iter
-        else:
-            qt = i
         for W in gl.static_range(2):
             mbarrier.wait(dq_full.index(W), i & 1)
-            _tma_reduce_add(dq_desc, [row_q + qt * BM, 64 * W], red_s.index(W))
+            _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red_s.index(W))
         tma.store_wait(1)  # warpgroup 0's reduction has read its buffer
         mbarrier.arrive(dq_empty.index(0), count=1)
         tma.store_wait(0)
@@ -141,7 +136,7 @@ def _with_writer(source: str) -> str:
             .replace(DS_FREE_INIT, DS_FREE_INIT + "    for w in gl.static_range(2):\n"
                      "        mbarrier.init(dq_full.index(w), count=1)\n        mbarrier.init(dq_empty.index(w), count=1)\n")
             .replace(KERNEL_DEF, WRITER + KERNEL_DEF)
-            .replace(PARTITIONS, "        (_dq_writer, (dq_desc, red_s, dq_full, dq_empty, bh * n_q + lo, n_iter, first, BM, ROTATE)),\n"
+            .replace(PARTITIONS, "        (_dq_writer, (dq_desc, red_s, dq_full, dq_empty, bh * n_q + lo, n_iter, BM)),\n"
                      "    ], [4, 1, 1], [MATH_REGS, 24, 24])"))
 
 
@@ -152,8 +147,6 @@ DP_WAIT = "        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])\n"
 # dq_under_dk / dq_after_dk: the kernel's dQ order (DQ_UNDER_DK, which the launcher sets from the
 # mask) forced one way under either mask, to time either order anywhere
 ORDER_IF = "        if DQ_UNDER_DK:\n"
-# unrotated: without the mask every program walks the query tiles from tile 0 (as before ROTATE)
-FIRST = "    first = tile * n_iter // n_tiles\n"
 # the markers a version edits in more than one place (every other is edited exactly once)
 MARKER_COUNTS = {TILES_KV: 2, SPEC_ARGS: 2, BARRIERS: 3, ORDER_IF: 3}
 
@@ -170,7 +163,6 @@ VERSIONS = {
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "dq_under_dk": "dQ's product between dV's and dK's, its adds under dK's, under either mask (the causal order)",
     "dq_after_dk": "dQ's product and adds after dV's and dK's, under either mask (the order without the mask)",
-    "unrotated": "every program's query tiles from tile 0 (without the mask, all of a head's programs add in step)",
 }
 
 
@@ -187,7 +179,7 @@ def variant_source(name: str, source: str) -> str:
         return source
     needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
              "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
-             "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,), "unrotated": (FIRST,),
+             "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
              }.get(name, ())
@@ -215,8 +207,6 @@ def variant_source(name: str, source: str) -> str:
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n"))
     if name == "no_reduce":
         return source.replace(REDUCE, _guard(REDUCE))
-    if name == "unrotated":
-        return source.replace(FIRST, "    first = tile * 0\n")
     if name in ("dq_under_dk", "dq_after_dk"):  # a constant the compiler folds, as the constexpr
         return source.replace(ORDER_IF, ORDER_IF.replace("DQ_UNDER_DK", str(name == "dq_under_dk")))
     raise ValueError(f"ab_bwd128: unknown version {name!r}; choose from {list(VERSIONS)}")

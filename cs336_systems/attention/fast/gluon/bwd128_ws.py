@@ -71,9 +71,8 @@ def _constexprs(d: int, is_causal: bool, stages: int, slots: int) -> dict:
 
     maxnreg, math_regs = register_split(2)  # two math warpgroups and the loader warp, as the forward
     # dQ's product under dK's where the mask is: faster causal, slower without (results/attention/ab_bwd128)
-    # each program's query tiles from its own first one where every program walks them all (no mask)
     return dict(D=d, BM=BM, BN=BN, STAGES=stages, SLOTS=slots, CAUSAL=is_causal, DQ_UNDER_DK=is_causal,
-                ROTATE=not is_causal, MATH_REGS=math_regs, num_warps=4, maxnreg=maxnreg)
+                MATH_REGS=math_regs, num_warps=4, maxnreg=maxnreg)
 
 
 def launch_bwd128_ws(q, k, v, do, L, delta, is_causal: bool, stages: int = 2, slots: int = 2,

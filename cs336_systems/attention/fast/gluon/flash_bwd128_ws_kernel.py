@@ -19,9 +19,7 @@ BN = 128 keys:
         are there (ds_ready), dQ[:, 64 W: 64 W + 64] += dS K[:, 64 W: 64 W + 64] * sm_scale,
         added into the fp32 dQ by a TMA bulk reduction from the warpgroup's staging buffer.
         Under the causal mask only the first tiles cross the warpgroup's diagonal: they run in a
-        loop of their own (MASKED); the rest skip the comparisons. Without it (ROTATE) each
-        program starts at its own share of the query tiles and wraps around, so that programs of
-        one head do not add into the same dQ rows at once.
+        loop of their own (MASKED); the rest skip the comparisons.
 
 Written against Triton 3.6's Gluon API, the GPU's version. Grid (key blocks of BN, Z*H);
 contiguous bf16/fp16 inputs, head dim 128; n_q a multiple of 64 and n_k of 128.
@@ -39,32 +37,26 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, do_desc, k_s, v_s, q_s, do_s, kv_bar, ld_full, ld_empty, bh, k0, lo, n_iter,
-          first, n_q, n_k, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-          ROTATE: gl.constexpr):
+          n_q, n_k, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
     mbarrier.expect(kv_bar, 2 * BN * D * 2)
     tma.async_copy_global_to_shared(k_desc, [bh * n_k + k0, 0], kv_bar, k_s)
     tma.async_copy_global_to_shared(v_desc, [bh * n_k + k0, 0], kv_bar, v_s)
     row_q = bh * n_q + lo
     for i in range(n_iter):
         s = i % STAGES
-        if ROTATE:
-            qt = (i + first) % n_iter
-        else:
-            qt = i
         mbarrier.wait(ld_empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
         mbarrier.expect(ld_full.index(s), 2 * BM * D * 2)
-        tma.async_copy_global_to_shared(q_desc, [row_q + qt * BM, 0], ld_full.index(s), q_s.index(s))
-        tma.async_copy_global_to_shared(do_desc, [row_q + qt * BM, 0], ld_full.index(s), do_s.index(s))
+        tma.async_copy_global_to_shared(q_desc, [row_q + i * BM, 0], ld_full.index(s), q_s.index(s))
+        tma.async_copy_global_to_shared(do_desc, [row_q + i * BM, 0], ld_full.index(s), do_s.index(s))
 
 
 # --8<-- [start:tiles]
 @gluon.jit
 def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s,
-           red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, n_iter, first, qk_scale, sm_scale,
+           red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale,
            D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
-           MASKED: gl.constexpr, DQ_UNDER_DK: gl.constexpr, ROTATE: gl.constexpr):
-    """Iterations i0 .. i1 - 1 of math warpgroup W, on query tile qt: i, or (i + first) % n_iter
-    with ROTATE; returns the carried dK, dV."""
+           MASKED: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
+    """Query tiles i0 .. i1 - 1 of math warpgroup W; returns the carried dK, dV."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     # the left operand of dV's and dK's products, (64 keys, BM) from registers
@@ -73,10 +65,6 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
     dtype: gl.constexpr = k_w.dtype
     for i in range(i0, i1):
         s = i % STAGES
-        if ROTATE:
-            qt = (i + first) % n_iter
-        else:
-            qt = i
         mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)
         q = q_s.index(s)
         do = do_s.index(s)
@@ -87,7 +75,7 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
         # At d = 128 dK and dV hold 128 registers per thread, so the elementwise work keeps few
         # others alive: L and Delta (column vectors of S^T: 16 registers each) are loaded for this
         # tile only, each just before its use, and L is dead before dP^T arrives.
-        offs_m = lo + qt * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
+        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
         L2 = gl.load(L_row + offs_m) * LOG2E
         sT = hopper.warpgroup_mma_wait(1, deps=[sT])
         pT = gl.exp2(sT * qk_scale - L2[None, :])
@@ -133,7 +121,7 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
         red.store(dq * sm_scale)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [row_q + qt * BM, 64 * W], red)
+        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)
         if DQ_UNDER_DK:
             dk = hopper.warpgroup_mma_wait(0, deps=[dk])
             mbarrier.arrive(ld_empty.index(s), count=1)
@@ -144,9 +132,9 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s,
 
 @gluon.jit
 def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready, ds_free,
-          bh, k0, lo, n_iter, first, n_q, n_k, qk_scale, sm_scale, D: gl.constexpr, BM: gl.constexpr,
-          STAGES: gl.constexpr, SLOTS: gl.constexpr, CAUSAL: gl.constexpr, DQ_UNDER_DK: gl.constexpr,
-          ROTATE: gl.constexpr, W: gl.constexpr):
+          bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+          SLOTS: gl.constexpr, CAUSAL: gl.constexpr, DQ_UNDER_DK: gl.constexpr,
+          W: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     dtype: gl.constexpr = k_s.dtype
@@ -166,11 +154,11 @@ def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, l
         n_diag = gl.minimum((key0 + 64 - lo + BM - 1) // BM, n_iter)
     mbarrier.wait(kv_bar, 0)
     dk, dv = _tiles(0, n_diag, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, red,
-                    ld_full, ld_empty, ds_ready, ds_free, lo, row_q, n_iter, first, qk_scale, sm_scale, D, BM, STAGES,
-                    SLOTS, W, True, DQ_UNDER_DK, ROTATE)
+                    ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale, D, BM, STAGES, SLOTS, W,
+                    True, DQ_UNDER_DK)
     dk, dv = _tiles(n_diag, n_iter, dk, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s, red,
-                    ld_full, ld_empty, ds_ready, ds_free, lo, row_q, n_iter, first, qk_scale, sm_scale, D, BM, STAGES,
-                    SLOTS, W, False, DQ_UNDER_DK, ROTATE)
+                    ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale, D, BM, STAGES, SLOTS, W,
+                    False, DQ_UNDER_DK)
     tma.store_wait(0)
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
@@ -183,7 +171,7 @@ def _math(L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, l
 @gluon.jit
 def bwd128_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, dq_desc, DK, DV, n_q, n_k, qk_scale, sm_scale, GROUP,
                      D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                     SLOTS: gl.constexpr, CAUSAL: gl.constexpr, DQ_UNDER_DK: gl.constexpr, ROTATE: gl.constexpr,
+                     SLOTS: gl.constexpr, CAUSAL: gl.constexpr, DQ_UNDER_DK: gl.constexpr,
                      MATH_REGS: gl.constexpr):
     gl.static_assert(BN == 128, "two math warpgroups of 64 keys")
     n_tiles = gl.num_programs(0)
@@ -204,11 +192,6 @@ def bwd128_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, dq_desc, DK, DV,
     else:
         lo = k0 * 0
     n_iter = (n_q - lo) // BM
-    # Without the mask every program of a head walks all its query tiles: started together at tile
-    # 0 they would add into the same dQ rows at the same moment, and L2 serialises the adds to one
-    # address. With ROTATE each program starts at its own share of the tiles and wraps around
-    # (under the mask each starts at its diagonal: already apart).
-    first = tile * n_iter // n_tiles
     dtype: gl.constexpr = q_desc.dtype
     kv_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
     qd_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D], dtype)
@@ -233,11 +216,11 @@ def bwd128_ws_kernel(q_desc, k_desc, v_desc, do_desc, L, Delta, dq_desc, DK, DV,
         mbarrier.init(ds_free.index(t), count=2)  # both dQ matmuls have read it
     gl.warp_specialize([
         (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
-                 ds_free, bh, k0, lo, n_iter, first, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL,
-                 DQ_UNDER_DK, ROTATE, 0)),
+                 ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, DQ_UNDER_DK,
+                 0)),
         (_math, (L, Delta, DK, DV, dq_desc, k_s, v_s, q_s, do_s, ds_s, red_s, kv_bar, ld_full, ld_empty, ds_ready,
-                 ds_free, bh, k0, lo, n_iter, first, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL,
-                 DQ_UNDER_DK, ROTATE, 1)),
+                 ds_free, bh, k0, lo, n_iter, n_q, n_k, qk_scale, sm_scale, D, BM, STAGES, SLOTS, CAUSAL, DQ_UNDER_DK,
+                 1)),
         (_load, (q_desc, k_desc, v_desc, do_desc, k_s, v_s, q_s, do_s, kv_bar, ld_full, ld_empty, bh, k0, lo, n_iter,
-                 first, n_q, n_k, D, BM, BN, STAGES, ROTATE)),
+                 n_q, n_k, D, BM, BN, STAGES)),
     ], [4, 1], [MATH_REGS, 24])
