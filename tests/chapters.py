@@ -56,7 +56,7 @@ CHAPTERS = (
             ("test_flash_*.py", "test_online_softmax.py", "test_weighted_sum.py", "test_kernel_inputs.py",
              "test_fwd_ws.py", "test_onepass_ws.py", "test_bwd128_ws.py", "test_gluon_fallback.py",
              "test_attention_op.py", "test_direct_launch*.py", "test_ab_*.py", "test_reduce_probe.py",
-             "test_fast_triton_launch.py", "test_fast_host_caches.py", "test_device_facts.py",
+             "test_fast_triton_launch.py", "test_fast_host_caches.py", "test_eager_lane.py", "test_device_facts.py",
              "test_report_flash*.py", "test_report_gpu_tests.py", "test_without_triton.py", "claims/test_code.py"),
             ("flash-sweep", "flash-leaderboard", "flash-host", "flash-d128-probe", "flash-ab-bwd128"),
             ("attention.weighted_sum", "attention.online_softmax", "attention.flash_pytorch", "attention.flash_triton",
