@@ -31,49 +31,17 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _item(w, n_tiles_m, n_bh, GROUP, n_k, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
-    """Work item w's (batch x head, first query row, key tiles, key tiles before the diagonal).
-    Items run in groups of GROUP heads (the launcher picks it: `fwd_ws.heads_per_group`), so the
-    items running at once read the K and V of few heads, which then stay in L2; within a group the
-    longest items (last query tiles, causal) first. GROUP = n_bh: one group."""
-    g0 = w // (GROUP * n_tiles_m) * GROUP
-    g_size = gl.minimum(GROUP, n_bh - g0)
-    r = w - g0 * n_tiles_m
-    bh = g0 + r % g_size
-    if CAUSAL:
-        tile = n_tiles_m - 1 - r // g_size
-    else:
-        tile = r // g_size
-    m0 = tile * BM
-    if CAUSAL:  # key tiles up to the last query's diagonal; those before the first query's need no mask
-        n_tiles = (gl.minimum(m0 + BM, n_k) + BN - 1) // BN
-        n_full = gl.minimum(m0 // BN, n_tiles)
-    else:
-        n_tiles = n_k // BN
-        n_full = n_tiles
-    return bh, m0, n_tiles, n_full
-
-
-@gluon.jit
-def _load(q_desc, k_desc, v_desc, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items, n_tiles_m,
-          n_bh, GROUP, n_q, n_k, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, NW: gl.constexpr,
-          CAUSAL: gl.constexpr):
-    c = 0  # key tiles loaded so far: the ring's position
-    k = 0  # items so far
-    for w in range(first, n_items, step):
-        bh, m0, n_tiles, n_full = _item(w, n_tiles_m, n_bh, GROUP, n_k, 64 * NW, BN, CAUSAL)
-        mbarrier.wait(q_free, (k & 1) ^ 1)  # every consumer is done with the last item's Q (free at first)
-        mbarrier.expect(q_bar, NW * 64 * D * 2)
-        for wg in gl.static_range(NW):
-            tma.async_copy_global_to_shared(q_desc, [bh * n_q + m0 + 64 * wg, 0], q_bar, q_s.index(wg))
-        for j in range(n_tiles):
-            s = (c + j) % STAGES
-            mbarrier.wait(kv_empty.index(s), (((c + j) // STAGES) & 1) ^ 1)
-            mbarrier.expect(kv_full.index(s), 2 * BN * D * 2)
-            tma.async_copy_global_to_shared(k_desc, [bh * n_k + j * BN, 0], kv_full.index(s), k_s.index(s))
-            tma.async_copy_global_to_shared(v_desc, [bh * n_k + j * BN, 0], kv_full.index(s), v_s.index(s))
-        c += n_tiles
-        k += 1
+def _load(q_desc, k_desc, v_desc, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_k, n_tiles,
+          D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, NW: gl.constexpr):
+    mbarrier.expect(q_bar, NW * 64 * D * 2)
+    for w in gl.static_range(NW):
+        tma.async_copy_global_to_shared(q_desc, [bh * n_q + m0 + 64 * w, 0], q_bar, q_s.index(w))
+    for j in range(n_tiles):
+        s = j % STAGES
+        mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(kv_full.index(s), 2 * BN * D * 2)
+        tma.async_copy_global_to_shared(k_desc, [bh * n_k + j * BN, 0], kv_full.index(s), k_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [bh * n_k + j * BN, 0], kv_full.index(s), v_s.index(s))
 
 
 @gluon.jit
@@ -91,16 +59,15 @@ def _softmax(S, m_i, l_i, offs_m, j, qk_scale, BN: gl.constexpr, MASKED: gl.cons
 
 # --8<-- [start:step]
 @gluon.jit
-def _step(j, c, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
+def _step(j, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
           BN: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
-    """Tile j's S and softmax while P_{j-1} V_{j-1} runs on the tensor cores (c: the ring's position
-    at the item's first tile)."""
+    """Tile j's S and softmax while P_{j-1} V_{j-1} runs on the tensor cores."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_l: gl.constexpr = acc.type.layout
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-    s = (c + j) % STAGES
-    prev = (c + j - 1) % STAGES
-    mbarrier.wait(kv_full.index(s), ((c + j) // STAGES) & 1)
+    s = j % STAGES
+    prev = (j - 1) % STAGES
+    mbarrier.wait(kv_full.index(s), (j // STAGES) & 1)
     S = hopper.warpgroup_mma(q, k_s.index(s).permute((1, 0)), gl.zeros([64, BN], gl.float32, s_l),
                              use_acc=False, is_async=True)
     acc = hopper.warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_l), v_s.index(prev), acc, is_async=True)
@@ -114,11 +81,10 @@ def _step(j, c, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_sca
 
 
 @gluon.jit
-def _first(c, q, k_s, kv_full, m_i, l_i, offs_m, qk_scale, BN: gl.constexpr, STAGES: gl.constexpr,
-           MASKED: gl.constexpr):
+def _first(q, k_s, kv_full, m_i, l_i, offs_m, qk_scale, BN: gl.constexpr, MASKED: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-    mbarrier.wait(kv_full.index(c % STAGES), (c // STAGES) & 1)
-    S = hopper.warpgroup_mma(q, k_s.index(c % STAGES).permute((1, 0)), gl.zeros([64, BN], gl.float32, s_l),
+    mbarrier.wait(kv_full.index(0), 0)
+    S = hopper.warpgroup_mma(q, k_s.index(0).permute((1, 0)), gl.zeros([64, BN], gl.float32, s_l),
                              use_acc=False, is_async=True)
     S = hopper.warpgroup_mma_wait(0, deps=[S])
     p, m_i, l_i, alpha = _softmax(S, m_i, l_i, offs_m, 0, qk_scale, BN, MASKED)
@@ -126,64 +92,67 @@ def _first(c, q, k_s, kv_full, m_i, l_i, offs_m, qk_scale, BN: gl.constexpr, STA
 
 
 @gluon.jit
-def _math(O, L, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items, n_tiles_m, n_bh, GROUP, n_q,
-          n_k, qk_scale, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, NW: gl.constexpr,
-          CAUSAL: gl.constexpr, W: gl.constexpr):
+def _math(O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_tiles, qk_scale,
+          D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, W: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     q = q_s.index(W)
-    c = 0  # key tiles consumed so far: the ring's position
-    k = 0  # items so far
-    for w in range(first, n_items, step):
-        bh, m0, n_tiles, n_full = _item(w, n_tiles_m, n_bh, GROUP, n_k, 64 * NW, BN, CAUSAL)
-        row0 = m0 + W * 64
-        offs_m = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_l))
-        m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_l))
-        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_l))
-        acc = gl.zeros([64, D], gl.float32, o_l)
-        mbarrier.wait(q_bar, k & 1)
-        if n_full > 0:
-            p, m_i, l_i = _first(c, q, k_s, kv_full, m_i, l_i, offs_m, qk_scale, BN, STAGES, False)
-        else:
-            p, m_i, l_i = _first(c, q, k_s, kv_full, m_i, l_i, offs_m, qk_scale, BN, STAGES, True)
-        for j in range(1, n_full):
-            acc, p, m_i, l_i = _step(j, c, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
-                                     BN, STAGES, False)
-        for j in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal tile(s): masked
-            acc, p, m_i, l_i = _step(j, c, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
-                                     BN, STAGES, True)
-        # every product that reads Q has retired: the loader may bring the next item's while this
-        # one's last P V and its epilogue run (what a persistent program overlaps)
-        mbarrier.arrive(q_free, count=1)
-        last = (c + n_tiles - 1) % STAGES
-        acc = hopper.warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_l), v_s.index(last), acc, is_async=True)
-        acc = hopper.warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(kv_empty.index(last), count=1)
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
-        o = acc / l_o[:, None]
-        rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
-        gl.store(O + (bh.to(gl.int64) * n_q + rows)[:, None] * D + cols[None, :], o.to(O.dtype.element_ty),
-                 mask=(rows < n_q)[:, None])
-        gl.store(L + bh.to(gl.int64) * n_q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < n_q)
-        c += n_tiles
-        k += 1
+    row0 = m0 + W * 64
+    offs_m = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_l))
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_l))
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_l))
+    acc = gl.zeros([64, D], gl.float32, o_l)
+    mbarrier.wait(q_bar, 0)
+    if n_full > 0:
+        p, m_i, l_i = _first(q, k_s, kv_full, m_i, l_i, offs_m, qk_scale, BN, False)
+    else:
+        p, m_i, l_i = _first(q, k_s, kv_full, m_i, l_i, offs_m, qk_scale, BN, True)
+    for j in range(1, n_full):
+        acc, p, m_i, l_i = _step(j, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
+                                 BN, STAGES, False)
+    for j in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal tile(s): masked
+        acc, p, m_i, l_i = _step(j, acc, p, m_i, l_i, offs_m, q, k_s, v_s, kv_full, kv_empty, qk_scale,
+                                 BN, STAGES, True)
+    last = (n_tiles - 1) % STAGES
+    acc = hopper.warpgroup_mma(gl.convert_layout(p.to(q.dtype), p_l), v_s.index(last), acc, is_async=True)
+    acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.arrive(kv_empty.index(last), count=1)
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
+    o = acc / l_o[:, None]
+    rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
+    gl.store(O + (bh.to(gl.int64) * n_q + rows)[:, None] * D + cols[None, :], o.to(O.dtype.element_ty),
+             mask=(rows < n_q)[:, None])
+    gl.store(L + bh.to(gl.int64) * n_q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < n_q)
 
 
 @gluon.jit
-def fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, n_q, n_k, qk_scale, GROUP, N_BH,
+def fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, n_q, n_k, qk_scale, GROUP,
                   D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  MATH_REGS: gl.constexpr, NW: gl.constexpr, PERSISTENT: gl.constexpr):
+                  MATH_REGS: gl.constexpr, NW: gl.constexpr):
     BM: gl.constexpr = 64 * NW
-    n_tiles_m = (n_q + BM - 1) // BM
-    n_items = n_tiles_m * N_BH  # (query tile, batch x head) pairs, in `_item`'s order
-    if PERSISTENT:  # grid (programs,): program p runs items p, p + programs, ...
-        first = gl.program_id(0)
-        step = gl.num_programs(0)
-    else:  # grid (query tiles, batch x heads): one item a program
-        first = gl.program_id(0) + gl.program_id(1) * n_tiles_m
-        step = n_items
+    n_tiles_m = gl.num_programs(0)
+    n_bh = gl.num_programs(1)
+    lin = gl.program_id(0) + gl.program_id(1) * n_tiles_m
+    # Programs run in groups of GROUP heads (the launcher picks it: `fwd_ws.heads_per_group`), so
+    # the programs running at once read the K and V of few heads, which then stay in L2; within
+    # a group the longest programs (last query tiles, causal) first. GROUP = n_bh: one group.
+    g0 = lin // (GROUP * n_tiles_m) * GROUP
+    g_size = gl.minimum(GROUP, n_bh - g0)
+    r = lin - g0 * n_tiles_m
+    bh = g0 + r % g_size
+    if CAUSAL:
+        tile = n_tiles_m - 1 - r // g_size
+    else:
+        tile = r // g_size
+    m0 = tile * BM
+    if CAUSAL:  # key tiles up to the last query's diagonal; those before the first query's need no mask
+        n_tiles = (gl.minimum(m0 + BM, n_k) + BN - 1) // BN
+        n_full = gl.minimum(m0 // BN, n_tiles)
+    else:
+        n_tiles = n_k // BN
+        n_full = n_tiles
     dtype: gl.constexpr = q_desc.dtype
     q_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D], dtype)
     kv_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
@@ -191,11 +160,9 @@ def fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, n_q, n_k, qk_scale, GROUP, N_BH,
     k_s = gl.allocate_shared_memory(dtype, [STAGES, BN, D], kv_l)
     v_s = gl.allocate_shared_memory(dtype, [STAGES, BN, D], kv_l)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(q_free, count=NW)  # every consumer warpgroup releases the Q tiles
     for s in gl.static_range(STAGES):
         mbarrier.init(kv_full.index(s), count=1)
         mbarrier.init(kv_empty.index(s), count=NW)  # every consumer warpgroup releases a slot
@@ -203,21 +170,21 @@ def fwd_ws_kernel(q_desc, k_desc, v_desc, O, L, n_q, n_k, qk_scale, GROUP, N_BH,
     # out in each list: jit code cannot build the list in a loop)
     if NW == 2:
         gl.warp_specialize([
-            (_math, (O, L, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items, n_tiles_m, N_BH,
-                     GROUP, n_q, n_k, qk_scale, D, BN, STAGES, NW, CAUSAL, 0)),
-            (_math, (O, L, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items, n_tiles_m, N_BH,
-                     GROUP, n_q, n_k, qk_scale, D, BN, STAGES, NW, CAUSAL, 1)),
-            (_load, (q_desc, k_desc, v_desc, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items,
-                     n_tiles_m, N_BH, GROUP, n_q, n_k, D, BN, STAGES, NW, CAUSAL)),
+            (_math, (O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_tiles, qk_scale,
+                     D, BN, STAGES, CAUSAL, 0)),
+            (_math, (O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_tiles, qk_scale,
+                     D, BN, STAGES, CAUSAL, 1)),
+            (_load, (q_desc, k_desc, v_desc, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_k, n_tiles,
+                     D, BN, STAGES, NW)),
         ], [4, 1], [MATH_REGS, 24])
     else:
         gl.warp_specialize([
-            (_math, (O, L, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items, n_tiles_m, N_BH,
-                     GROUP, n_q, n_k, qk_scale, D, BN, STAGES, NW, CAUSAL, 0)),
-            (_math, (O, L, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items, n_tiles_m, N_BH,
-                     GROUP, n_q, n_k, qk_scale, D, BN, STAGES, NW, CAUSAL, 1)),
-            (_math, (O, L, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items, n_tiles_m, N_BH,
-                     GROUP, n_q, n_k, qk_scale, D, BN, STAGES, NW, CAUSAL, 2)),
-            (_load, (q_desc, k_desc, v_desc, q_s, k_s, v_s, q_bar, q_free, kv_full, kv_empty, first, step, n_items,
-                     n_tiles_m, N_BH, GROUP, n_q, n_k, D, BN, STAGES, NW, CAUSAL)),
+            (_math, (O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_tiles, qk_scale,
+                     D, BN, STAGES, CAUSAL, 0)),
+            (_math, (O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_tiles, qk_scale,
+                     D, BN, STAGES, CAUSAL, 1)),
+            (_math, (O, L, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_full, n_tiles, qk_scale,
+                     D, BN, STAGES, CAUSAL, 2)),
+            (_load, (q_desc, k_desc, v_desc, q_s, k_s, v_s, q_bar, kv_full, kv_empty, bh, m0, n_q, n_k, n_tiles,
+                     D, BN, STAGES, NW)),
         ], [4, 4, 1], [MATH_REGS, MATH_REGS, 24])

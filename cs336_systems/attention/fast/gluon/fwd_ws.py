@@ -59,14 +59,12 @@ def register_split(warpgroups: int) -> tuple[int, int]:
 
 def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int = 64, stages: int = 4,
                   warpgroups: int = 3, kernel=None, group: int | None = None,
-                  checked: bool = False, persistent: bool | None = None) -> tuple[Tensor, Tensor]:
+                  checked: bool = False) -> tuple[Tensor, Tensor]:
     """O (Z, H, n_q, 64) in q's dtype and L (Z, H, n_q) fp32, natural-log logsumexp, as `launch_fwd`.
     A program owns 64 * warpgroups queries; block_n keys per tile, stages tiles in flight.
     `kernel`: launched through Triton's own dispatch instead of directly (to time the difference).
     `group`: heads whose programs run together (default `heads_per_group`: K and V are re-read).
-    `checked`: the caller has asked `fwd_ws_supported` of these inputs (the speed path's launcher).
-    `persistent`: one program per SM looping over the query tiles, or one program per tile (default
-    `persistent_programs`)."""
+    `checked`: the caller has asked `fwd_ws_supported` of these inputs (the speed path's launcher)."""
     if warpgroups not in (2, 3):
         raise ValueError(f"launch_fwd_ws: warpgroups must be 2 or 3, got {warpgroups}")
     if block_n not in (64, 128) or stages < 2:
@@ -74,8 +72,7 @@ def launch_fwd_ws(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_n: int
     if not checked and (why := fwd_ws_supported(q, k, v, block_n)) is not None:
         raise ValueError(f"launch_fwd_ws: {why}; got q {tuple(q.shape)} {q.dtype}")
     Z, H, n_q, d = q.shape
-    prepared = prepare(Z * H, n_q, k.shape[2], d, q.dtype, is_causal, block_n, stages, warpgroups, q.device,
-                       persistent)
+    prepared = prepare(Z * H, n_q, k.shape[2], d, q.dtype, is_causal, block_n, stages, warpgroups, q.device)
     if kernel is None and group is None:
         return prepared.run(q, k, v)
     if group is not None and not 1 <= group <= Z * H:
@@ -93,7 +90,7 @@ class FwdLaunch:
     allocates O and L and launches (an eager call's host time is most of a short launch's)."""
 
     def __init__(self, n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, block_n: int,
-                 stages: int, warpgroups: int, device: torch.device, persistent: bool | None = None):
+                 stages: int, warpgroups: int, device: torch.device):
         import triton
 
         from ...flash_launch import _scales
@@ -102,14 +99,11 @@ class FwdLaunch:
         from .onepass_ws import shared_layout
 
         maxnreg, math_regs = register_split(warpgroups)
-        n_tiles = triton.cdiv(n_q, ROWS * warpgroups)
-        if persistent is None:
-            persistent = persistent_programs(d, is_causal)
-        self.grid = (min(n_tiles * n_bh, _sm_count(device)), 1) if persistent else (n_tiles, n_bh)
-        self.group = heads_per_group(n_bh, 2 * n_k * d * dtype.itemsize, d, n_tiles, device)  # the default
+        self.grid = (triton.cdiv(n_q, ROWS * warpgroups), n_bh)
+        self.group = heads_per_group(n_bh, 2 * n_k * d * dtype.itemsize, d, self.grid[0], device)  # the default
         self.constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
-                               PERSISTENT=persistent, num_warps=4, maxnreg=maxnreg)
-        self.n_q, self.n_k, self.n_bh, self.qk_scale = n_q, n_k, n_bh, _scales(d)[1]
+                               num_warps=4, maxnreg=maxnreg)
+        self.n_q, self.n_k, self.qk_scale = n_q, n_k, _scales(d)[1]
         # the tensor maps' geometry: each input as its (Z * H * N, d) rows, a box of tile rows
         self.q_geometry = ((n_bh * n_q, d), (d, 1), (ROWS, d), shared_layout(ROWS, d, dtype))
         self.kv_geometry = ((n_bh * n_k, d), (d, 1), (block_n, d), shared_layout(block_n, d, dtype))
@@ -120,7 +114,7 @@ class FwdLaunch:
         o = torch.empty_like(q)
         L = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         args = (Tma(q, *self.q_geometry), Tma(k, *self.kv_geometry), Tma(v, *self.kv_geometry), o, L, self.n_q,
-                self.n_k, self.qk_scale, self.group if group is None else group, self.n_bh)
+                self.n_k, self.qk_scale, self.group if group is None else group)
         return o, L, args
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -135,16 +129,6 @@ class FwdLaunch:
 
 @functools.cache
 def prepare(n_bh: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, block_n: int, stages: int,
-            warpgroups: int, device: torch.device, persistent: bool | None = None) -> FwdLaunch:
+            warpgroups: int, device: torch.device) -> FwdLaunch:
     """The one FwdLaunch of a shape, dtype and plan."""
-    return FwdLaunch(n_bh, n_q, n_k, d, dtype, is_causal, block_n, stages, warpgroups, device, persistent)
-
-
-def persistent_programs(d: int, is_causal: bool) -> bool:
-    """Whether the forward runs one program per SM over its query tiles instead of one program per
-    tile. A program of a tile spends a few microseconds loading its first tiles and storing O with
-    the tensor cores idle (240 registers a thread: one program an SM, so no other program hides
-    them); a persistent one loads the next tile's Q and K, V during them. Without the mask every
-    tile is equally long, so a static round-robin balances; under it, the hardware's dynamic
-    placement of programs balances the uneven tiles better. d = 64 keeps the tuned programs."""
-    return d == 128 and not is_causal
+    return FwdLaunch(n_bh, n_q, n_k, d, dtype, is_causal, block_n, stages, warpgroups, device)

@@ -58,16 +58,15 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int):
 
 def fwd_report(d: int, causal: bool, block_n: int, stages: int, warpgroups: int) -> dict:
     from ..gluon.flash_fwd_ws_kernel import fwd_ws_kernel
-    from ..gluon.fwd_ws import ROWS, persistent_programs, register_split
+    from ..gluon.fwd_ws import ROWS, register_split
 
     n = 4096
     x = torch.empty(n, d, dtype=torch.bfloat16)
     maxnreg, math_regs = register_split(warpgroups)
     args = (_descriptor(x, ROWS, d), _descriptor(x, block_n, d), _descriptor(x, block_n, d),
-            torch.empty(n, d, dtype=torch.bfloat16), torch.empty(n), n, n, 0.1, 1, 1)
+            torch.empty(n, d, dtype=torch.bfloat16), torch.empty(n), n, n, 0.1, 1)
     return compile_gluon(fwd_ws_kernel, args, dict(D=d, BN=block_n, STAGES=stages, CAUSAL=causal,
-                                                   MATH_REGS=math_regs, NW=warpgroups,
-                                                   PERSISTENT=persistent_programs(d, causal), num_warps=4,
+                                                   MATH_REGS=math_regs, NW=warpgroups, num_warps=4,
                                                    maxnreg=maxnreg))
 
 
