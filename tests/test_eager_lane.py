@@ -51,6 +51,17 @@ def test_each_kind_of_input_builds_one_lane(builds):
     assert len(builds.lanes) == 3 and builds.lanes[0] == (builds.plans["fwd"].gluon, builds.plans["bwd"].gluon)
 
 
+def test_three_d_inputs_are_one_head_judged_in_the_callers_memory(builds, monkeypatch):
+    asked = []
+    monkeypatch.setattr(eager_lane, "_verdict", lambda rule, options, tensors: asked.append(tensors))
+    strided = torch.zeros(2, 256, 256, dtype=torch.bfloat16)[..., ::2]  # the general path would copy it
+    assert eager_lane.lane_for(strided, strided, strided, True) is not None  # (the fake rules take it)
+    # the rules saw (Z, 1, N, d) views of the caller's tensor, not a contiguous copy: the lane runs
+    # what it is handed, so a rule must judge exactly that
+    q = asked[0][0]
+    assert q.shape == (2, 1, 256, 128) and q.data_ptr() == strided.data_ptr() and q.stride()[-1] == 2
+
+
 def test_rows_off_alignment_take_the_general_path(builds):
     q, k, v = _qkv()
     lane = eager_lane.lane_for(q, k, v, True)
@@ -64,8 +75,6 @@ def test_what_the_lane_does_not_know_gets_none(builds, monkeypatch):
     q, k, v = _qkv()
     assert eager_lane.lane_for(q, k, v, 1) is None  # an int mask: the general path checks it
     assert eager_lane.lane_for(torch.nn.Parameter(q), k, v, True) is None  # a tensor subclass
-    q3 = torch.zeros(2, 256, 128, dtype=torch.bfloat16)
-    assert eager_lane.lane_for(q3, q3, q3, True) is None  # 3-D
     assert eager_lane.lane_for(*_qkv((1, 2, 256, 64)), True) is None  # d = 64: the general path
     plans = builds.plans
     triton_bwd = dataclasses.replace(plans["bwd"], gluon=None)
@@ -90,7 +99,8 @@ def test_a_bad_input_raises_at_every_call_naming_the_argument(monkeypatch):
 @pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernels need sm_90")
 @pytest.mark.skipif(not triton.__version__.startswith("3.6"), reason="the Gluon kernels are written for Triton 3.6")
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_gpu_the_lane_launches_what_the_general_path_launches(is_causal, monkeypatch):
+@pytest.mark.parametrize("shape", [(2, 20, 1024, 128), (40, 1024, 128)], ids=["4-D", "3-D"])
+def test_gpu_the_lane_launches_what_the_general_path_launches(is_causal, shape, monkeypatch):
     """At a shape whose plans are Gluon both ways: O, L, dK, dV the same bits through the lane as
     through the general path (the same kernels); dQ (fp32 adds in any order, rounded to bf16)
     within one bf16 step. Three calls: the lane's first (it binds), a bound one, and one at new
@@ -99,7 +109,7 @@ def test_gpu_the_lane_launches_what_the_general_path_launches(is_causal, monkeyp
     from cs336_systems.attention.fast.function import FlashAttentionFast
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    shape = (2, 20, 1024, 128)  # 40 x 1,024 rows: the "large" table keys, Gluon both ways
+    # 40 x 1,024 rows: the "large" table keys, Gluon both ways; (batch, seq, d) runs as one head
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     do = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
     assert eager_lane.lane_for(q, k, v, is_causal) is not None

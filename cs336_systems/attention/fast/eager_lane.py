@@ -12,8 +12,9 @@ All of them depend only on the inputs' shapes, strides, dtypes and devices and o
     forward:   O, L = the Gluon forward                            (gluon/fwd_ws.py)
     backward:  Delta = rowsum(O * dO); dQ, dK, dV = the backward   (triton_launch, gluon/bwd128_ws.py)
 
-A lane exists for 4-D inputs whose tuned plans are Gluon kernels both ways at head dim 128 (the
-Llama-style shapes; d = 64 keeps the general path). Anything else gets None and takes the general
+A lane exists for inputs whose tuned plans are Gluon kernels both ways at head dim 128 (the
+Llama-style shapes; d = 64 keeps the general path), (batch, heads, seq, d) or (batch, seq, d), which
+it runs as one head (the Function unsqueezes them). Anything else gets None and takes the general
 path of `function.py`, which checks, copies and warns as before; the first sight of a kind of
 input runs those same checks here, so a bad input raises naming the argument either way.
 """
@@ -77,10 +78,12 @@ def lane_for(q, k, v, is_causal) -> GluonLane | None:
 
 
 def _build(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> GluonLane | None:
-    if q.dim() != 4 or interpreting():
+    if interpreting():
         return None
     check_triton_inputs(q, k, v, is_causal)  # raises, naming the argument
-    if q.shape[-1] != 128:
+    if q.dim() == 3:  # one head, as the Function passes it (views, never copies: the rules below
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)  # judge the caller's memory)
+    if q.dim() != 4 or q.shape[-1] != 128:
         return None
     fwd, bwd = plan_for("fwd", q, k, is_causal).gluon, plan_for("bwd", q, k, is_causal).gluon
     if fwd is None or bwd is None:

@@ -32,8 +32,12 @@ class FlashAttentionFast(torch.autograd.Function):
         planned = fwd_plan is not None or bwd_plan is not None
         lane = ctx.lane = None if compiling or planned else lane_for(q, k, v, is_causal)
         if lane is not None:
-            o, L = lane.forward(q, k, v)
-            save_attention_state(ctx, AttentionInputs(q, k, v, q.shape[:2], is_causal), o, L)
+            lead = q.shape[:-2]  # (batch,) or (batch, heads): 3-D inputs are one head
+            if len(lead) == 1:
+                q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+            o4, L = lane.forward(q, k, v)
+            o = unfold_like(o4, len(lead))
+            save_attention_state(ctx, AttentionInputs(q, k, v, lead, is_causal), o, L)
             return o
         x = check_triton_inputs(q, k, v, is_causal) if compiling else checked_inputs(q, k, v, is_causal)
         forward = _forward_opaque if compiling else _forward
@@ -47,7 +51,8 @@ class FlashAttentionFast(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, L = load_attention_state(ctx)
         if ctx.lane is not None and not torch.compiler.is_compiling():
-            return (*ctx.lane.backward(q, k, v, o, L, do), None, None, None)
+            grads = ctx.lane.backward(q, k, v, o, L, do.unsqueeze(1) if ctx.lead_ndim == 1 else do)
+            return (*(unfold_like(g, ctx.lead_ndim) for g in grads), None, None, None)
         do4 = unit_last_stride(do.unsqueeze(1) if ctx.lead_ndim == 1 else do)
         backward = _backward_opaque if torch.compiler.is_compiling() else _backward
         dq, dk, dv = backward(q, k, v, o, L, do4, ctx.is_causal, ctx.bwd_plan)
