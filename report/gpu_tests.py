@@ -16,9 +16,10 @@ import pandas as pd
 from report.results import REPO_ROOT
 
 LOG_DIR = REPO_ROOT / "results" / "attention" / "flash_gpu_tests"
-# The runs of the newest code, oldest first: the whole set (its time limit cut it at its last two
-# tests), then those two; the grid's code, with the direct C launches.
-NEWEST_RUNS = ("nvidia-h200-870951a1fa15.log",)
+# The runs of the newest code, oldest first: the whole set at the grid's code, then the eager
+# lane's own file again once the lane took (batch, seq, d) inputs (tests/claims/test_code.py holds
+# the files changed between the two).
+NEWEST_RUNS = ("nvidia-h200-870951a1fa15.log", "nvidia-h200-94e6108c9dfa-lane.log")
 # The files those runs covered: the attention tests with GPU cases.
 TEST_FILES = ("tests/test_flash_attention.py", "tests/test_model_attention_impls.py", "tests/test_weighted_sum.py",
               "tests/test_fwd_ws.py", "tests/test_onepass_ws.py", "tests/test_direct_launch.py",
@@ -28,6 +29,7 @@ _WORD = "|".join(OUTCOMES)
 _ENDED_XDIST = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] ({_WORD}) (tests/\S+)")  # outcome, id
 _ENDED_PLAIN = re.compile(rf"^(tests/\S+::\S+) ({_WORD})\b")  # id, outcome
 _STARTED = re.compile(r"^(tests/\S+::\S+)\s*$")
+_WHOLE_FILE = re.compile(r"(?<!\S)(tests/[\w/]+\.py)(?!\S)")  # a file the command ran whole (no ::)
 _SUMMARY = re.compile(r"^=+ (warnings summary|short test summary info|FAILURES|ERRORS|\d+ \w+.* in [\d.]+s.*) =+$")
 
 
@@ -38,10 +40,14 @@ def log_git(log: str) -> str:
 
 def outcomes(logs: tuple[str, ...] = NEWEST_RUNS) -> pd.DataFrame:
     """One row per test id: its outcome in the last log that ran it ("UNFINISHED": started, cut
-    before it ended) and that log."""
+    before it ended) and that log. A log whose command names a whole test file replaces every
+    earlier outcome of that file (its tests as they are now: a renamed case is not kept twice)."""
     last: dict[str, tuple[str, str]] = {}
     for log in logs:
-        for line in (LOG_DIR / log).read_text().splitlines():
+        text = (LOG_DIR / log).read_text()
+        whole = set(_WHOLE_FILE.findall(next((ln for ln in text.splitlines() if ln.startswith("# command:")), "")))
+        last = {t: v for t, v in last.items() if t.split("::")[0] not in whole}
+        for line in text.splitlines():
             if _SUMMARY.match(line):  # the run is over: what follows (warnings, failures) names
                 break                 # tests without running them
             if m := _ENDED_XDIST.match(line):

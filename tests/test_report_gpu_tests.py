@@ -57,3 +57,26 @@ def test_a_log_without_xdist_reads_the_same_and_one_without_outcomes_is_refused(
     assert gpu_tests.counts(("1.log", "3.log"))["total"] == 6
     with pytest.raises(ValueError, match=r"quiet.log: no test outcome in it \(was it run with -v\?\)"):
         gpu_tests.outcomes(("1.log", "quiet.log"))
+
+
+WHOLE = """# header, git 00000000000d
+# command: python3 -m pytest -v -n 4 tests/t.py
+[gw0] [ 50%] PASSED tests/t.py::a[2]
+[gw1] [100%] PASSED tests/t.py::b
+"""
+SOME = """# header, git 00000000000e
+# command: python3 -m pytest -v tests/t.py::b
+tests/t.py::b PASSED                                                      [100%]
+"""
+
+
+def test_a_log_of_a_whole_file_replaces_that_files_earlier_outcomes(tmp_path, monkeypatch):
+    # a later run of the whole file is the file as it is now: a renamed case (a[1] -> a[2]) is not
+    # kept twice; a run of some of a file's tests replaces only theirs
+    for name, text in (("1.log", FIRST), ("3.log", WHOLE), ("4.log", SOME)):
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(gpu_tests, "LOG_DIR", tmp_path)
+    assert set(gpu_tests.outcomes(("1.log", "3.log")).test) == {"tests/t.py::a[2]", "tests/t.py::b"}
+    some = gpu_tests.outcomes(("1.log", "4.log")).set_index("test")
+    assert set(some.index) == {"tests/t.py::a[1]", "tests/t.py::b", "tests/t.py::c", "tests/t.py::d"}
+    assert some.log["tests/t.py::b"] == "4.log" and some.log["tests/t.py::a[1]"] == "1.log"
