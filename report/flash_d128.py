@@ -217,6 +217,18 @@ def _non_causal_adds_cost() -> bool:
                 and others.max().max() < 1.02)
 
 
+# rotated query tiles without the mask (each program from its own tile, wrapping around), against the
+# kernel's order from tile 0 ("unrotated"), at (2, 2), one run per cell; the rotation was not kept
+ROTATED_GIT = "95f54a5f34eb"
+
+
+def rotated_over_unrotated() -> pd.Series:
+    """Per cell (batch, heads, seq): the unrotated kernel's ms over the rotated one's (above 1: rotation faster)."""
+    df = where(load_results(AB, status="ok"), git=ROTATED_GIT, impl="gluon bwd128")
+    ms = df.groupby(["batch", "heads", "seq", "version"]).ms.median().unstack("version")
+    return ms["unrotated"] / ms["full"]
+
+
 def _three_slots(cell: str) -> float:
     run, (st, sl) = SLOTS3[cell]
     return _full_ms(run, "full", st, sl) / _full_ms(run, "full", 2, 3)
@@ -311,6 +323,9 @@ register("flash", facts={
     "d128_groups_8k_gain": lambda: f"{_groups_gain('1 x 16 x 8,192'):.2f}",
     "d128_order_step_ratio": lambda: f"{_vs_cudnn_now('1 x 32 x 32,768'):.2f}",
     "d128_three_slots_full": lambda: f"{_three_slots('1 x 32 x 8,192, not causal'):.2f}",
+    "d128_rotated_min": lambda: f"{rotated_over_unrotated().min():.2f}",
+    "d128_rotated_max": lambda: f"{rotated_over_unrotated().max():.2f}",
+    "d128_rotated_cells": lambda: len(rotated_over_unrotated()),
     "d128_three_slots_step": lambda: f"{_three_slots('1 x 32 x 32,768, causal'):.2f}",
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
            "d128_non_causal_versions": non_causal_versions_table,
@@ -331,6 +346,9 @@ register("flash", facts={
     "d128_non_causal_adds_cost_reorders_do_not": _non_causal_adds_cost,
     # three dS^T slots slower than the table's settings by over 3%, not causal and at the step's cell
     "d128_three_slots_slower": lambda: max(_three_slots(c) for c in SLOTS3) < 0.97,
+    # rotating the tiles changed nothing beyond noise (2%) at any cell it was timed at
+    "d128_rotation_no_gain": lambda: bool(((rotated_over_unrotated() - 1).abs() < 0.02).all()
+                                          and len(rotated_over_unrotated()) == 3),
     # no reordering of dQ's chain gained more than 2% anywhere, and none gained causal
     "d128_dq_reorders_did_not_help": lambda: bool((dq_attempts()["causal"] <= 1.0).all()
                                                   and (dq_attempts()["not causal"].dropna() < 1.02).all()),
