@@ -1,6 +1,7 @@
 """A bound launch (`DirectKernel.bind`): its first call launches as `launch` does, later calls hand
 their arguments straight to the compiled kernel's launcher without computing the launch key, and
 every way back to Triton's dispatch still holds (a stand-in kernel on any machine: CPU-only)."""
+# ruff: noqa: F811  (each test takes the `standin` fixture, imported from test_direct_launch.py)
 
 from __future__ import annotations
 
@@ -8,17 +9,11 @@ import pytest
 import torch
 
 from cs336_systems.attention.fast import direct_launch
-from tests.test_direct_launch import StandIn
 from tests.triton_mode import NO_TRITON
 
 pytest.importorskip("triton", reason=NO_TRITON)
 
-
-@pytest.fixture
-def standin(monkeypatch):
-    monkeypatch.setattr(direct_launch, "interpreting", lambda: False)
-    monkeypatch.setattr(direct_launch, "_device_and_stream", lambda: (0, 77))
-    return StandIn()
+from tests.test_direct_launch import standin  # noqa: E402, F401  (the stand-in kernel: device 0, stream 77)
 
 
 def test_a_bound_launch_calls_the_launcher_with_the_new_arguments(standin):
