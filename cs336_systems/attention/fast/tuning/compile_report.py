@@ -65,7 +65,36 @@ def machine_code(cubin: bytes) -> dict:
         except OSError:  # a Triton build without the bundled CUDA tools
             return {}
     regs = re.search(r"REG:(\d+)", usage)
-    return {"regs": int(regs.group(1)) if regs else None, "sass_spill_ops": len(re.findall(r"\b(?:STL|LDL)\b", sass))}
+    return {"regs": int(regs.group(1)) if regs else None, "sass_spill_ops": len(re.findall(r"\b(?:STL|LDL)\b", sass)),
+            "loop_spill_ops": innermost_loop_spills(sass)}
+
+
+_SASS_LABEL = re.compile(r"^\.(L_x_\d+):")
+_SASS_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_SASS_BRANCH = re.compile(r"\bBRA\b.*`\(\.(L_x_\d+)\)")
+
+
+def innermost_loop_spills(sass: str) -> list[int]:
+    """Spill instructions (STL/LDL) in each innermost loop of the SASS with tensor-core products in
+    it (the tile loops), in address order: a loop is a branch back to an earlier label, innermost
+    when no other loop lies inside it. A kernel's whole count mixes set-up code run once with the
+    tile loops run thousands of times; these are the ones on the hot path."""
+    at: dict[str, int] = {}
+    code: list[tuple[int, str]] = []
+    pending: list[str] = []
+    for line in sass.splitlines():
+        if m := _SASS_LABEL.match(line.strip()):
+            pending.append(m.group(1))
+        elif m := _SASS_INSTRUCTION.match(line):
+            code.append((int(m.group(1), 16), m.group(2)))
+            for label in pending:
+                at[label] = code[-1][0]
+            pending = []
+    loops = [(at[m.group(1)], a) for a, text in code if (m := _SASS_BRANCH.search(text)) and at.get(m.group(1), a) < a]
+    innermost = [(s, e) for s, e in loops if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in loops)]
+    body = lambda s, e: [text for a, text in code if s <= a <= e]  # noqa: E731
+    return [sum(1 for text in body(s, e) if re.search(r"\b(?:STL|LDL)\b", text))
+            for s, e in sorted(set(innermost)) if any("GMMA" in text for text in body(s, e))]
 
 
 def report(kind: str, config: FwdConfig | BwdConfig, dtype: torch.dtype, head_dim: int, causal: bool) -> dict:
