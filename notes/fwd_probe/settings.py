@@ -1,10 +1,11 @@
 # ruff: noqa  (a one-off probe, as notes/host_profile's)
 """One-off: the d = 128 Gluon forward at other (warpgroups, block_n, stages) settings than the
-table's "large" plan, at the large size class's shapes (1 x 16 / 1 x 32 heads x 4k .. 32k, both
-masks), beside cuDNN's forward, in interleaved rounds (do_bench medians, ms). The kernel alone
+table's plan, at the large size class's shapes (1 x 16 / 1 x 32 heads x 4k .. 32k, both masks;
+`huge`: 1 x 32 x 16k / 32k), or (`groups`) at other head groups (`fwd_ws.heads_per_group`), beside cuDNN's forward, in interleaved rounds (do_bench medians, ms). The kernel alone
 (`launch_fwd_ws`), so the ratios carry no host latency. Each setting's O is compared with the
 table plan's (max |diff|, a sanity check: the key tiles sum in another order)."""
 import statistics
+import sys
 
 import torch
 
@@ -15,13 +16,21 @@ from cs336_systems.bench.timing import gpu_bench
 
 SETTINGS = [(2, 128, 3), (2, 128, 2), (2, 64, 4), (2, 64, 3), (3, 64, 3), (3, 64, 4), (3, 128, 2)]
 SHAPES = [(16, 4096), (32, 4096), (16, 8192), (32, 8192), (16, 16384), (16, 32768)]
+MODE = sys.argv[1] if len(sys.argv) > 1 else "large"
+if MODE == "huge":
+    SHAPES = [(32, 16384), (32, 32768)]
+if MODE == "groups":
+    SHAPES = [(16, 4096), (32, 4096), (16, 8192)]
 for causal in (False, True):
     for heads, n in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(1, heads, n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         gp = _plan("fwd", q, k, causal).gluon
         table = (gp.warpgroups, gp.block_n, gp.stages)
-        run = lambda s: launch_fwd_ws(q, k, v, causal, s[1], s[2], s[0])
+        if MODE == "groups":  # (warpgroups, block_n, stages, group) at the table's settings
+            SETTINGS = [table + (g,) for g in (1, 2, 4, 8, heads)]
+            table = table + (heads,)
+        run = lambda s: launch_fwd_ws(q, k, v, causal, s[1], s[2], s[0], group=s[3] if len(s) > 3 else None)
         ref = run(table)[0]
         diff = {s: (run(s)[0].float() - ref.float()).abs().max().item() for s in SETTINGS}
         cells = {s: (lambda s=s: run(s)) for s in SETTINGS} | {"cudnn": lambda: cudnn_attention(q, k, v, causal)}
