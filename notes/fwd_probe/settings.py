@@ -21,15 +21,17 @@ if MODE == "huge":
     SHAPES = [(32, 16384), (32, 32768)]
 if MODE == "groups":
     SHAPES = [(16, 4096), (32, 4096), (16, 8192)]
+if MODE == "groups-long":
+    SHAPES = [(16, 16384), (32, 16384), (16, 32768)]
 for causal in (False, True):
     for heads, n in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(1, heads, n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         gp = _plan("fwd", q, k, causal).gluon
         table = (gp.warpgroups, gp.block_n, gp.stages)
-        if MODE == "groups":  # (warpgroups, block_n, stages, group) at the table's settings
-            SETTINGS = [table + (g,) for g in (1, 2, 4, 8, heads)]
-            table = table + (heads,)
+        if MODE.startswith("groups"):  # (warpgroups, block_n, stages, group) at the table's settings
+            SETTINGS = [table + (g,) for g in ((1, 2, 4, 8, heads) if MODE == "groups" else (1, 2, 3, 4, 8))]
+            table = SETTINGS[-1]
         run = lambda s: launch_fwd_ws(q, k, v, causal, s[1], s[2], s[0], group=s[3] if len(s) > 3 else None)
         ref = run(table)[0]
         diff = {s: (run(s)[0].float() - ref.float()).abs().max().item() for s in SETTINGS}
