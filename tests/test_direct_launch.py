@@ -88,58 +88,45 @@ def test_a_launch_hook_sends_every_launch_through_triton(standin, monkeypatch):
     assert len(standin.dispatched) == 2 and not standin.direct
 
 
+def _gluon_launchers(d: int):
+    """(forward settings, the backward's launcher, its kernel) of the Gluon kernels at head dim d:
+    d = 64's one-pass backward (dQ by atomics), d = 128's (dQ by TMA reduce-adds)."""
+    if d == 64:
+        from cs336_systems.attention.fast.gluon.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
+        from cs336_systems.attention.fast.gluon.onepass_ws import launch_bwd_onepass_ws
+        return (), launch_bwd_onepass_ws, bwd_onepass_ws_kernel
+    from cs336_systems.attention.fast.gluon.bwd128_ws import launch_bwd128_ws
+    from cs336_systems.attention.fast.gluon.flash_bwd128_ws_kernel import bwd128_ws_kernel
+    return (128, 3, 2), launch_bwd128_ws, bwd128_ws_kernel
+
+
 @needs_gpu
 @pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernels need sm_90")
 @pytest.mark.skipif(not triton.__version__.startswith("3.6"), reason="the Gluon kernels are written for Triton 3.6")
-def test_gpu_direct_launches_match_triton_dispatch():
-    """The same kernel launched both ways gives the same bits (the forward and dK/dV are
-    deterministic; dQ is summed with atomics in any order, so it may differ in the last bf16 bit)."""
-    from cs336_systems.attention.fast.gluon.flash_bwd_ws_kernel import bwd_onepass_ws_kernel
+@pytest.mark.parametrize("d, is_causal", [(64, True), (128, False), (128, True)],
+                         ids=["d64-causal", "d128-full", "d128-causal"])
+def test_gpu_direct_launches_match_triton_dispatch(d, is_causal):
+    """The Gluon forward and backward launched both ways, then directly at new addresses: the same
+    bits for O, L, dK, dV (deterministic); dQ (fp32 adds in any order, rounded to bf16) within one
+    bf16 step."""
     from cs336_systems.attention.fast.gluon.flash_fwd_ws_kernel import fwd_ws_kernel
     from cs336_systems.attention.fast.gluon.fwd_ws import launch_fwd_ws
-    from cs336_systems.attention.fast.gluon.onepass_ws import launch_bwd_onepass_ws
     from cs336_systems.attention.flash_launch import launch_preprocess
 
+    settings, launch_bwd, bwd_kernel = _gluon_launchers(d)
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(2, 4, 512, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
-    o_ref, L_ref = launch_fwd_ws(q, k, v, True, kernel=fwd_ws_kernel)
+    q, k, v, do = (torch.randn(2, 2, 512, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    o_ref, L_ref = launch_fwd_ws(q, k, v, is_causal, *settings, kernel=fwd_ws_kernel)
     delta = launch_preprocess(o_ref, do)
-    dq_ref, dk_ref, dv_ref = launch_bwd_onepass_ws(q, k, v, do, L_ref, delta, True, kernel=bwd_onepass_ws_kernel)
+    dq_ref, dk_ref, dv_ref = launch_bwd(q, k, v, do, L_ref, delta, is_causal, kernel=bwd_kernel)
     # the first call compiles through Triton, the second launches directly; the third's inputs live
     # at other addresses, so the direct call must make their tensor maps, not reuse the first ones
     for inputs in ((q, k, v, do), (q, k, v, do), tuple(t.clone() for t in (q, k, v, do))):
-        o, L = launch_fwd_ws(*inputs[:3], True)
-        dq, dk, dv = launch_bwd_onepass_ws(*inputs, L, delta.clone(), True)
+        o, L = launch_fwd_ws(*inputs[:3], is_causal, *settings)
+        dq, dk, dv = launch_bwd(*inputs, L, delta.clone(), is_causal)
         assert torch.equal(o, o_ref) and torch.equal(L, L_ref)
         assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
         # dQ: an fp32 sum in another order, rounded to bf16: at most one bf16 step (2^-7 relative) apart
-        torch.testing.assert_close(dq.float(), dq_ref.float(), rtol=2**-7,
-                                   atol=2**-7 * dq_ref.float().abs().max().item())
-
-
-@needs_gpu
-@pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability()[0] != 9, reason="the Gluon kernels need sm_90")
-@pytest.mark.skipif(not triton.__version__.startswith("3.6"), reason="the Gluon kernels are written for Triton 3.6")
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_gpu_d128_direct_launches_match_triton_dispatch(is_causal):
-    """The d = 128 forward and backward launched both ways, then directly at new addresses: the same
-    bits for O, L, dK, dV; dQ (fp32 adds in any order, rounded to bf16) within one bf16 step."""
-    from cs336_systems.attention.fast.gluon.bwd128_ws import launch_bwd128_ws
-    from cs336_systems.attention.fast.gluon.flash_bwd128_ws_kernel import bwd128_ws_kernel
-    from cs336_systems.attention.fast.gluon.flash_fwd_ws_kernel import fwd_ws_kernel
-    from cs336_systems.attention.fast.gluon.fwd_ws import launch_fwd_ws
-    from cs336_systems.attention.flash_launch import launch_preprocess
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(1, 4, 512, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
-    o_ref, L_ref = launch_fwd_ws(q, k, v, is_causal, 128, 3, 2, kernel=fwd_ws_kernel)
-    delta = launch_preprocess(o_ref, do)
-    dq_ref, dk_ref, dv_ref = launch_bwd128_ws(q, k, v, do, L_ref, delta, is_causal, kernel=bwd128_ws_kernel)
-    for inputs in ((q, k, v, do), (q, k, v, do), tuple(t.clone() for t in (q, k, v, do))):
-        o, L = launch_fwd_ws(*inputs[:3], is_causal, 128, 3, 2)
-        dq, dk, dv = launch_bwd128_ws(*inputs, L, delta.clone(), is_causal)
-        assert torch.equal(o, o_ref) and torch.equal(L, L_ref)
-        assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
         torch.testing.assert_close(dq.float(), dq_ref.float(), rtol=2**-7,
                                    atol=2**-7 * dq_ref.float().abs().max().item())
 

@@ -50,14 +50,24 @@ def test_a_bound_launch_on_another_device_asks_for_its_key(standin, monkeypatch)
     assert len(standin.dispatched) == 2 and standin.direct[-1][3] == 78
 
 
-def test_a_kernel_without_a_direct_path_binds_to_its_dispatch(standin):
+def test_a_first_launch_under_dispatch_only_binds_nothing_and_the_next_binds(standin):
+    kernel = direct_launch.DirectKernel(standin)
+    x = torch.zeros(16)
+    with direct_launch.dispatch_only():
+        assert kernel.bind((1,), (x, 16), dict(BLOCK=16)) is None  # through Triton: nothing bound
+    bound = kernel.bind((1,), (x, 16), dict(BLOCK=16))  # compiles; the caller binds again
+    bound((x, 16))
+    assert len(standin.dispatched) == 2 and len(standin.direct) == 1
+
+
+def test_a_kernel_without_a_direct_path_binds_nothing_and_launches_through_dispatch(standin):
     import warnings
 
     del standin.compiled.packed_metadata  # another Triton's compiled form
     kernel = direct_launch.DirectKernel(standin)
     with pytest.warns(UserWarning, match="unavailable"):
-        bound = kernel.bind((1,), (torch.zeros(16), 16), dict(BLOCK=16))
+        assert kernel.bind((1,), (torch.zeros(16), 16), dict(BLOCK=16)) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once, at the first launch
-        bound((torch.zeros(16), 16))
+        assert kernel.bind((1,), (torch.zeros(16), 16), dict(BLOCK=16)) is None
     assert len(standin.dispatched) == 2 and not standin.direct

@@ -112,13 +112,17 @@ def test_gpu_head_dim_128_matches_the_reference(shape, is_causal, dtype, block_n
     assert float((L.double() - want_L).abs().max()) < 2e-2, "L"
 
 
-def test_heads_per_group_keeps_a_groups_tensors_within_the_l2_budget(monkeypatch):
-    monkeypatch.setattr(fwd_ws, "_sm_count", lambda device: 132)
+def test_heads_per_group_runs_one_head_without_the_mask_and_a_budget_of_heads_with_it():
     mib = 1 << 20
-    # the step's forward: K and V of one 32,768-token head are 16 MiB, so one head at a time
-    assert fwd_ws.heads_per_group(32, 16 * mib, 128, 256, "cuda") == 1
-    # 4,096 tokens: 2 MiB a head, twelve heads fit 24 MiB (64 heads, 2,048 programs: many waves)
-    assert fwd_ws.heads_per_group(64, 2 * mib, 128, 32, "cuda") == 12
-    # a launch of at most four waves runs as one group; d = 64 always does
-    assert fwd_ws.heads_per_group(16, 2 * mib, 128, 32, "cuda") == 16
-    assert fwd_ws.heads_per_group(32, 16 * mib, 64, 256, "cuda") == 32
+    # without the mask one head at a time, at every length (K and V of 4,096 tokens: 2 MiB a head)
+    assert fwd_ws.heads_per_group(16, 2 * mib, 128, False) == 1
+    assert fwd_ws.heads_per_group(32, 16 * mib, 128, False) == 1
+    # causal: as many heads as fit 16 MiB of K and V, a power of two dividing the heads
+    assert fwd_ws.heads_per_group(16, 2 * mib, 128, True) == 8  # 4,096 tokens
+    assert fwd_ws.heads_per_group(16, 4 * mib, 128, True) == 4  # 8,192
+    assert fwd_ws.heads_per_group(32, 16 * mib, 128, True) == 1  # the 8B step's cell
+    assert fwd_ws.heads_per_group(12, 2 * mib, 128, True) == 4  # eight fit, four divide 12
+    assert fwd_ws.heads_per_group(7, 1 * mib, 128, True) == 1
+    # d = 64: all heads, both masks
+    assert fwd_ws.heads_per_group(32, 16 * mib, 64, True) == 32
+    assert fwd_ws.heads_per_group(32, 16 * mib, 64, False) == 32

@@ -135,12 +135,7 @@ class DirectKernel:
             if found is not None:
                 self.compiled[key] = found
             return compiled
-        run, function, metadata, tail, raw = found
-        g0, g1, g2 = (*grid, 1, 1)[:3]
-        if raw is None:
-            run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *tail)  # no launch metadata, no hooks
-        else:
-            raw.launch(g0, g1, g2, stream, function, metadata, args, tail)
+        _call_launcher(found, grid, stream, args)
         return None
 
     def bind(self, grid: tuple[int, ...], args: tuple, constexprs: dict):
@@ -148,26 +143,23 @@ class DirectKernel:
         `args` of the same launch key without computing the key again (for a launch with ~15
         arguments, most of a direct launch's Python). The caller vouches that later arguments agree
         with these in everything the key holds (dtypes, 16-byte alignment, integer values,
-        descriptor geometry), as a launch prepared for one shape, dtype and plan does. Where this
-        launch took Triton's dispatch (the interpreter, a hook, another Triton), later ones ask again."""
+        descriptor geometry), as a launch prepared for one shape, dtype and plan does. None where
+        this launch took Triton's dispatch (the interpreter, a hook, `dispatch_only`, another
+        Triton): the caller binds again at its next launch, so a first call under a hook does not
+        keep the later ones off the direct path."""
         self.launch(grid, args, constexprs)
+        if self.unavailable or self.interpreted or _DISPATCH_ONLY[0] or _hooked():
+            return None
         device, _ = _device_and_stream()
-        found = None
-        if not (self.unavailable or self.interpreted or _DISPATCH_ONLY[0] or _hooked()):
-            found = self.compiled.get((device, tuple(constexprs.items()), tuple(map(_spec, args))))
+        found = self.compiled.get((device, tuple(constexprs.items()), tuple(map(_spec, args))))
         if found is None:
-            return lambda later: self.launch(grid, later, constexprs)
-        run, function, metadata, tail, raw = found
-        g0, g1, g2 = (*grid, 1, 1)[:3]
+            return None
 
         def launch(later: tuple):
             now, stream = _device_and_stream()
             if _DISPATCH_ONLY[0] or _hooked() or now != device:
                 return self.launch(grid, later, constexprs)
-            if raw is None:
-                run(g0, g1, g2, stream, function, metadata, None, None, None, *later, *tail)
-            else:
-                raw.launch(g0, g1, g2, stream, function, metadata, later, tail)
+            _call_launcher(found, grid, stream, later)
         return launch
 
     def _direct_call(self, compiled, n_args: int, constexprs: dict) -> tuple | None:
@@ -189,6 +181,17 @@ class DirectKernel:
             return None
         tail = tuple(constexprs[n] if n in constexprs else defaults[n] for n in names)
         return compiled.run, compiled.function, compiled.packed_metadata, tail, RawLauncher.of(compiled.run, n_args)
+
+
+def _call_launcher(found: tuple, grid: tuple[int, ...], stream: int, args: tuple) -> None:
+    """One launch through what `DirectKernel._direct_call` found: the raw C launcher where there is
+    one, else the compiled launcher (no launch metadata, no hooks)."""
+    run, function, metadata, tail, raw = found
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    if raw is None:
+        run(g0, g1, g2, stream, function, metadata, None, None, None, *args, *tail)
+    else:
+        raw.launch(g0, g1, g2, stream, function, metadata, args, tail)
 
 
 # The leading arguments of Triton 3.6's C launcher (grid, stream, function, cooperative, PDL,

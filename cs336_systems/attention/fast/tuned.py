@@ -12,9 +12,7 @@ from .table import lookup, size_class
 from .tuned_configs import TUNED
 
 
-# A plan depends only on the key's fields (and on whether the interpreter runs, which picks its own
-# tiles), so each is built once: an eager call then builds no plan objects on the host, whose time
-# is most of a short call's (the grid's short cells).
+# `interpreter` is part of the key: the interpreter picks its own tiles.
 @functools.cache
 def tuned_plan(kind: str, dtype: torch.dtype, d: int, is_causal: bool, size: str, interpreter: bool):
     return lookup(TUNED, kind, dtype, d, is_causal, size)

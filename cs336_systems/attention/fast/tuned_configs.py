@@ -1,7 +1,7 @@
 """Launch plans chosen by measurement (`plans.fwd_plan` / `bwd_plan` read an entry). GENERATED:
 do not edit; regenerate with `just bench flash-tune write-table` (or re-measure with `tune`).
 
-Source: attention/flash_tune/nvidia-h200.jsonl (code at git 0445eb60bd68, 046bb7a0ebb2, 0b2267f0c355, 20201d038c9c, 5f471cef2641, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, b8b323be0704, df107f57b502, e6c9405fc3e5, ea5a58f90003, fa876024134e).
+Source: attention/flash_tune/nvidia-h200.jsonl (code at git 0445eb60bd68, 046bb7a0ebb2, 0b2267f0c355, 20201d038c9c, 37780d7d4582, 5f471cef2641, 793db780cbec, 7a141a7ecbcc, a8e302062c11, b1c97d801eb9, b8b323be0704, df107f57b502, e6c9405fc3e5, ea5a58f90003, fa876024134e).
 """
 
 TUNED = {'bwd': {'bf16-d128-causal-huge': {'block_m1': 64,
@@ -242,9 +242,9 @@ TUNED = {'bwd': {'bf16-d128-causal-huge': {'block_m1': 64,
                                    'num_stages': 3,
                                    'num_warps': 8,
                                    'tma': True,
-                                   'ws_block_n': 64,
+                                   'ws_block_n': 128,
                                    'ws_stages': 3,
-                                   'ws_warpgroups': 3},
+                                   'ws_warpgroups': 2},
          'bf16-d128-causal-large': {'block_m': 128,
                                     'block_n': 128,
                                     'gluon_ws': True,

@@ -34,16 +34,10 @@ def bwd128_supported(q: Tensor, k: Tensor, v: Tensor, do: Tensor, is_causal: boo
 def heads_per_group(n_bh: int, bytes_per_head: int) -> int:
     """How many heads' programs the backward runs together: the largest power of two that divides
     n_bh and keeps what every program of a head re-reads (`bytes_per_head`: Q, dO, dQ) within
-    `fwd_ws.L2_BUDGET`, at least one. A group that does not divide the heads leaves a last, smaller
-    group whose longest programs start last and run on an emptying GPU (measured: at 1 x 16 x 8,192
-    causal, groups of 3 of the 16 heads over 10% slower than of 2 or 4; `flash-ab-bwd128 --groups`)."""
-    from .fwd_ws import L2_BUDGET
+    `fwd_ws.L2_BUDGET` (`fwd_ws.dividing_group`)."""
+    from .fwd_ws import L2_BUDGET, dividing_group
 
-    fits = max(1, L2_BUDGET // max(1, bytes_per_head))
-    group = 1
-    while group * 2 <= fits and n_bh % (group * 2) == 0:
-        group *= 2
-    return group
+    return dividing_group(n_bh, L2_BUDGET // max(1, bytes_per_head))
 
 
 def reread_bytes_per_head(n_q: int, d: int, dtype: torch.dtype) -> int:

@@ -29,23 +29,37 @@ def fwd_ws_supported(q: Tensor, k: Tensor, v: Tensor, block_n: int = 64) -> str 
 
 
 L2_BUDGET = 24 << 20  # bytes of one group's re-read tensors: half the H100/H200's 50 MB L2
-FEW_WAVES = 4  # launches of at most this many programs per SM run as one group
+CAUSAL_FWD_BUDGET = 16 << 20  # the causal forward's K and V of one group (`heads_per_group`)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def dividing_group(n_bh: int, fits: int) -> int:
+    """The largest power of two that divides n_bh and is at most `fits`, at least one. A group that
+    does not divide the heads leaves a last, smaller group whose longest programs start last and
+    run on an emptying GPU (measured in the backward: at 1 x 16 x 8,192 causal, groups of 3 of the
+    16 heads over 10% slower than of 2 or 4; `flash-ab-bwd128 --groups`)."""
+    group = 1
+    while group * 2 <= fits and n_bh % (group * 2) == 0:
+        group *= 2
+    return group
 
 
-def heads_per_group(n_bh: int, bytes_per_head: int, d: int, n_tiles: int, device: torch.device) -> int:
+def heads_per_group(n_bh: int, bytes_per_head: int, d: int, is_causal: bool) -> int:
     """How many heads' programs the d = 128 forward runs together (`bwd128_ws` has the backward's
-    rule): as many as keep the tensors every program of a head re-reads (`bytes_per_head`) within
-    L2_BUDGET, at least one. A launch of few waves runs as one group (measured: at 1 x 16 x 4,096
-    the longest programs of every head first balance the SMs better than L2 saves). At d = 64 all
-    heads (the order its table was tuned in)."""
-    if d != 128 or n_tiles * n_bh <= FEW_WAVES * _sm_count(device):
+    rule); `bytes_per_head`: the K and V every program of a head reads. Without the mask, one head
+    at a time: the programs running at once then share the K and V of a few heads, which stay
+    in L2. Under the causal mask a head's programs differ in length (longest first within a group),
+    and a few heads together, up to CAUSAL_FWD_BUDGET of K and V, balance the SMs better. Measured
+    at 16 and 32 heads, 4,096 to 32,768 positions, groups of 1 to 32 heads (notes/fwd_probe/settings.py,
+    the kernel alone): without the mask one head was the fastest or about 1% from it at every
+    shape, where the previous rule (every head of a launch of at most four waves, else as many as
+    fit 24 MiB) lost 6% at 1 x 16 x 4,096; causal, four or eight heads at 4,096 and four at 8,192
+    were the fastest (within 2%), one or two at 16,384 and up. At d = 64 all heads (the order its
+    table was tuned in)."""
+    if d != 128:
         return n_bh
-    return max(1, min(n_bh, L2_BUDGET // max(1, bytes_per_head)))
+    if not is_causal:
+        return 1
+    return dividing_group(n_bh, CAUSAL_FWD_BUDGET // max(1, bytes_per_head))
 
 
 def register_split(warpgroups: int) -> tuple[int, int]:
@@ -100,7 +114,7 @@ class FwdLaunch:
 
         maxnreg, math_regs = register_split(warpgroups)
         self.grid = (triton.cdiv(n_q, ROWS * warpgroups), n_bh)
-        self.group = heads_per_group(n_bh, 2 * n_k * d * dtype.itemsize, d, self.grid[0], device)  # the default
+        self.group = heads_per_group(n_bh, 2 * n_k * d * dtype.itemsize, d, is_causal)  # the default
         self.constexprs = dict(D=d, BN=block_n, STAGES=stages, CAUSAL=is_causal, MATH_REGS=math_regs, NW=warpgroups,
                                num_warps=4, maxnreg=maxnreg)
         self.n_q, self.n_k, self.qk_scale = n_q, n_k, _scales(d)[1]
