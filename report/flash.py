@@ -221,7 +221,6 @@ FACTS = {
     **low_high("lb_cudnn_fwd_{}_ms", lambda: per_run("fwd").cudnn, ".3f"),
     "gpu_tests": lambda: "{PASSED} passed, {SKIPPED} skipped".format(**gpu_tests.counts()),
     "gpu_tests_git": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]),  # the whole set's
-    "gpu_tests_lane_git": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[-1]),
     "gpu_tests_log": lambda: ", with the tests its time limit cut run in ".join(  # paths as code
         f"`{(gpu_tests.LOG_DIR / log).relative_to(REPO_ROOT)}`" for log in gpu_tests.NEWEST_RUNS),
     "gpu_tests_gluon": lambda: gpu_test_summary(GLUON_LOG),

@@ -220,6 +220,14 @@ def _non_causal_adds_cost() -> bool:
 # rotated query tiles without the mask (each program from its own tile, wrapping around), against the
 # kernel's order from tile 0 ("unrotated"), at (2, 2), one run per cell; the rotation was not kept
 ROTATED_GIT = "95f54a5f34eb"
+SPILLS_RUN = "20261202T073755"  # the causal backward's versions that spill less, at the step's cell
+
+
+def spills_speeds() -> pd.Series:
+    """Per (version, stages) at one dS^T slot: the table kernel's (full, 3 stages) ms over each's."""
+    df = where(load_results(AB, status="ok"), run=SPILLS_RUN, impl="gluon bwd128", slots=1)
+    ms = df.groupby(["version", "stages"]).ms.median()
+    return ms[("full", 3)] / ms
 
 
 def rotated_over_unrotated() -> pd.Series:
@@ -327,6 +335,9 @@ register("flash", facts={
     "d128_rotated_max": lambda: f"{rotated_over_unrotated().max():.2f}",
     "d128_rotated_cells": lambda: len(rotated_over_unrotated()),
     "d128_three_slots_step": lambda: f"{_three_slots('1 x 32 x 32,768, causal'):.2f}",
+    "d128_spills_stats_first_2": lambda: f"{spills_speeds()[('stats_first', 2)]:.2f}",
+    "d128_spills_stats_first_3": lambda: f"{spills_speeds()[('stats_first', 3)]:.2f}",
+    "d128_spills_full_2": lambda: f"{spills_speeds()[('full', 2)]:.2f}",
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
            "d128_non_causal_versions": non_causal_versions_table,
            "d128_dq_attempts": dq_attempts_table,
@@ -346,6 +357,10 @@ register("flash", facts={
     "d128_non_causal_adds_cost_reorders_do_not": _non_causal_adds_cost,
     # three dS^T slots slower than the table's settings by over 3%, not causal and at the step's cell
     "d128_three_slots_slower": lambda: max(_three_slots(c) for c in SLOTS3) < 0.97,
+    # the versions that spill less (stats_first; two stages) all slower than the kernel at the
+    # step's cell, none within noise of it
+    "d128_fewer_spills_not_faster": lambda: bool((spills_speeds().drop(("full", 3)) < 0.99).all()
+                                                 and len(spills_speeds()) == 6),
     # rotating the tiles changed nothing beyond noise (2%) at any cell it was timed at
     "d128_rotation_no_gain": lambda: bool(((rotated_over_unrotated() - 1).abs() < 0.02).all()
                                           and len(rotated_over_unrotated()) == 3),

@@ -39,6 +39,7 @@ CUDNN_STEP = "cudnn: forward+backward step"
 DISABLE_ONLY_COMPILING = "07cdfe8b4e59"  # the code whose Function calls torch.compiler.disable only while compiling
 EAGER_LANE = "870951a1fa15"  # the first grid run whose eager d = 128 calls took fast/eager_lane.py
 HOST_LANE = "94e6108c9dfa"  # the first flash-host run whose (batch, seq, d) eager step took the lane
+FWD_GROUPS = "82b5ddff372c"  # the first grid run with the d = 128 forward's head groups by mask
 
 
 def _in_words(df: pd.DataFrame) -> pd.DataFrame:
@@ -326,6 +327,16 @@ def profiled_call_step_us() -> float:
                        f"results/{HOST_BENCH}: no eager-step row at {shape}")
 
 
+FULL_4096 = [(128, "full", f"1 x {h}", 4096) for h in (16, 32)]
+
+
+def fwd_groups_speeds(cell: tuple) -> tuple[float, float]:
+    """The forward's speed vs cuDNN at `cell` in the grid run before FWD_GROUPS and in it."""
+    gits = run_gits()
+    before = gits[gits.index(FWD_GROUPS) - 1]
+    return tuple(float(run_speeds(git, "fwd").loc[cell]) for git in (before, FWD_GROUPS))
+
+
 # -- facts -----------------------------------------------------------------------------------------
 
 FACTS = {
@@ -375,6 +386,9 @@ FACTS = {
     "grid_host16_cudnn_us": lambda: f"{host_runs_before_the_lane(CUDNN_STEP, HOST_16x4096).iloc[-1]:,.0f}",
     "grid_host16_runs": lambda: len(host_runs_before_the_lane(EAGER_STEP, HOST_16x4096)),
     "grid_host16_lane_git": lambda: HOST_LANE,
+    **{f"grid_fwd_groups_{name}_{when}": lambda cell=cell, i=i: f"{fwd_groups_speeds(cell)[i]:.2f}"
+       for name, cell in (("16x4096", FULL_4096[0]), ("32x4096", FULL_4096[1]), ("step", STEP_CELL))
+       for i, when in enumerate(("before", "after"))},
     "grid_host16_lane_us": lambda: f"{host_runs(EAGER_STEP, HOST_16x4096).iloc[-1]:,.0f}",
     "grid_host16_lane_cudnn_us": lambda: f"{host_runs(CUDNN_STEP, HOST_16x4096).iloc[-1]:,.0f}",
     "grid_profile_total_s": lambda: f'{profile()["total"]:.3f}',
@@ -510,6 +524,12 @@ register("flash", facts=FACTS, tables={
     "d64_long_cells_within_5_percent": lambda: long_range("fwd_bwd", d=64).min() > 0.95,
     "grid_ours_is_one_version": _ours_one_version,
     "lane_levels_the_16x4096_cell": _lane_levels_the_16x4096_cell,
+    # the forward's head groups by mask and the re-tuned huge forward: the two 4k forwards without
+    # the mask and the step's forward faster against cuDNN than in the run before; the 4k ones still
+    # short of it
+    "fwd_groups_helped_still_short_at_4k": lambda: all(
+        b < a for b, a in map(fwd_groups_speeds, (*FULL_4096, STEP_CELL)))
+        and all(fwd_groups_speeds(c)[1] < 1.0 for c in FULL_4096),
     "d128_step_and_long_full_cells_behind": lambda: bool(
         long_range("fwd_bwd", d=128, mask="full").max() < 1.0 and step("ours", "fwd_bwd") > step("cudnn", "fwd_bwd")),
     "short_sequences_furthest_behind": lambda: level(speeds(), "seq")[speeds().argmin()] <= 2048

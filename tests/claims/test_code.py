@@ -37,10 +37,8 @@ GPU_TEST_PATHS = ["cs336_systems/attention", "cs336_systems/model", *gpu_tests.T
 # flash-attention.md, beside flash.gpu_tests_pass: what changed since the whole set ran (the tuner,
 # the A/B experiments and the benchmarks measure; the GPU tests do not run them). A change to any
 # other file the tests reach fails here: run the GPU tests again, or list the file here with why
-# and say so on the page. Listed: the eager lane's (batch, seq, d) inputs, whose own tests
-# (tests/test_eager_lane.py, the lane against the general path) ran again in the newest log.
-CHANGED_SINCE_THE_GPU_TESTS: set[str] = {"cs336_systems/attention/fast/function.py",
-                                         "cs336_systems/attention/fast/eager_lane.py", "tests/test_eager_lane.py"}
+# and say so on the page. Nothing is listed: the newest log ran the code as it is.
+CHANGED_SINCE_THE_GPU_TESTS: set[str] = set()
 
 
 def test_the_attention_code_changed_since_the_gpu_tests_only_where_the_page_says():
