@@ -16,9 +16,8 @@ import pandas as pd
 from report.results import REPO_ROOT
 
 LOG_DIR = REPO_ROOT / "results" / "attention" / "flash_gpu_tests"
-# The runs of the newest code, oldest first: the whole set at the grid's code, then the eager
-# lane's own file again once the lane took (batch, seq, d) inputs (tests/claims/test_code.py holds
-# the files changed between the two).
+# The runs of the newest code, oldest first: the whole set, then any whole test file run again
+# after a change to it alone (tests/claims/test_code.py holds the files changed since the first).
 NEWEST_RUNS = ("nvidia-h200-82b5ddff372c.log",)
 # The files those runs covered: the attention tests with GPU cases.
 TEST_FILES = ("tests/test_flash_attention.py", "tests/test_model_attention_impls.py", "tests/test_weighted_sum.py",
