@@ -245,6 +245,45 @@ def _launch_pointer_dq(q, k, v, do, L, delta, is_causal, stages, slots, kernel, 
     return dq.to(q.dtype), dk, dv
 
 
+# versions that are kernels of their own, not edits of the committed one
+OWN_KERNELS = {"solo": "one math warpgroup of 64 keys a program, two programs an SM (bwd128_solo_kernel.py)"}
+SOLO_FILE = Path(__file__).parent / "bwd128_solo_kernel.py"
+SOLO_BN = 64  # keys per program of the solo kernel
+
+
+def solo_args(q, k, v, do, L, delta, is_causal: bool, stages: int, group: int | None = None):
+    """(grid, runtime args, constexprs, dQ's fp32 sum, dK, dV) of the solo kernel's launch."""
+    from ..direct_launch import Tma
+    from ..gluon.bwd128_ws import BM, _rows, heads_per_group, reread_bytes_per_head
+
+    Z, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    if n_q % BM or n_k % SOLO_BN or d != 128:
+        raise ValueError(f"solo: needs d = 128, n_q a multiple of {BM} and n_k of {SOLO_BN}; got {tuple(q.shape)}")
+    from ...flash_launch import _scales
+
+    sm_scale, qk_scale = _scales(d)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    g = group or heads_per_group(Z * H, reread_bytes_per_head(n_q, d, q.dtype))
+    g_q, g_k = _rows(Z * H * n_q, d, (BM, d), q.dtype), _rows(Z * H * n_k, d, (SOLO_BN, d), q.dtype)
+    g_dq = _rows(Z * H * n_q, d, (BM, 64), torch.float32)
+    args = (Tma(q, *g_q), Tma(k, *g_k), Tma(v, *g_k), Tma(do, *g_q), L, delta, Tma(dq, *g_dq), dk, dv, n_q, n_k,
+            qk_scale, sm_scale, g)
+    # two programs an SM: 8 warps (the loader warp padded to a warpgroup) of 128 registers at launch
+    constexprs = dict(D=d, BM=BM, BN=SOLO_BN, STAGES=stages, CAUSAL=is_causal, LOADER_REGS=24, num_warps=4,
+                      maxnreg=128)
+    return (n_k // SOLO_BN, Z * H), args, constexprs, dq, dk, dv
+
+
+def _launch_solo(q, k, v, do, L, delta, is_causal, stages, slots, kernel, group=None):
+    from ..direct_launch import for_triton
+
+    grid, args, constexprs, dq, dk, dv = solo_args(q, k, v, do, L, delta, is_causal, stages, group)
+    kernel[grid](*for_triton(args), **constexprs)
+    return dq.to(q.dtype), dk, dv
+
+
 def main(argv: list[str] | None = None) -> int:
     from cs336_systems.attention.flash_launch import launch_preprocess
 
@@ -255,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = Parser(prog="flash-ab-bwd128", description=__doc__.splitlines()[0])
     ap.add_argument("--versions", nargs="+", default=list(VERSIONS), metavar="VERSION",
-                    help=f"one of {', '.join(VERSIONS)}, or several joined by '+'")
+                    help=f"one of {', '.join(VERSIONS)}, or several joined by '+'; or {', '.join(OWN_KERNELS)}")
     ap.add_argument("--settings", nargs="+", default=["2,1", "2,2"], metavar="STAGES,SLOTS")
     ap.add_argument("--groups", nargs="+", type=int, default=[0], metavar="G",
                     help="heads whose programs run together (0: the launcher's rule)")
@@ -263,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     add_timing_args(ap)
     args = ap.parse_args(argv)
     settings = int_tuples(ap, "--settings", args.settings, "STAGES,SLOTS")
-    if bad := [v for v in args.versions if any(p not in VERSIONS for p in v.split("+"))]:
+    if bad := [v for v in args.versions if v not in OWN_KERNELS and any(p not in VERSIONS for p in v.split("+"))]:
         ap.error(f"--versions: unknown {bad}; choose from {list(VERSIONS)}, or join them with '+'")
     (batch, heads, seq, causal), = int_tuples(ap, "--shape", [args.shape], "BATCH,HEADS,SEQ,CAUSAL")
     causal = bool(causal)
@@ -293,11 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     source = KERNEL_FILE.read_text()
     with tempfile.TemporaryDirectory() as workdir:
         for version, (stages, slots), group in itertools.product(args.versions, settings, args.groups):
-            path = Path(workdir) / f"bwd128_{version}.py"
-            if not path.exists():
-                path.write_text(variant_source(version, source))
-            kernel = load_variant(f"bwd128_{version}", path, VARIANT_PACKAGE).bwd128_ws_kernel
-            launch = _launch_pointer_dq if pointer_dq(version) else launch_bwd128_ws
+            if version == "solo":
+                kernel = load_variant("bwd128_solo", SOLO_FILE, VARIANT_PACKAGE).bwd128_solo_kernel
+                launch = _launch_solo
+            else:
+                path = Path(workdir) / f"bwd128_{version}.py"
+                if not path.exists():
+                    path.write_text(variant_source(version, source))
+                kernel = load_variant(f"bwd128_{version}", path, VARIANT_PACKAGE).bwd128_ws_kernel
+                launch = _launch_pointer_dq if pointer_dq(version) else launch_bwd128_ws
             fn = lambda kern=kernel, st=stages, sl=slots, g=group, launch=launch: launch(  # noqa: E731
                 q, k, v, do, L, delta, causal, st, sl, kernel=kern, group=g or None)
             got = fn()  # compiles

@@ -79,6 +79,14 @@ def bwd128_report(causal: bool, stages: int, slots: int, version: str = "full") 
     from ..experiments.harness import load_variant
     from ..gluon.bwd128_ws import bwd128_args_for_report
 
+    if version in ab_bwd128.OWN_KERNELS:  # solo: its own kernel file and launch
+        from ..direct_launch import for_triton
+
+        x = torch.empty(1, 1, 4096, 128, dtype=torch.bfloat16)
+        vec = torch.empty(1, 1, 4096)
+        _, args, constexprs, *_ = ab_bwd128.solo_args(x, x, x, x, vec, vec, causal, stages)
+        kernel = load_variant("bwd128_solo", ab_bwd128.SOLO_FILE, ab_bwd128.VARIANT_PACKAGE).bwd128_solo_kernel
+        return compile_gluon(kernel, for_triton(args), constexprs)
     kernel, args, constexprs = bwd128_args_for_report(causal, stages, slots)
     if ab_bwd128.pointer_dq(version):  # the version's dq_desc is dQ's fp32 tensor
         args = args[:6] + (torch.empty(4096, 128),) + args[7:]
