@@ -230,6 +230,25 @@ def spills_speeds() -> pd.Series:
     return ms[("full", 3)] / ms
 
 
+# two designs that trade the dQ adds' shared-memory staging or L2 traffic, each at its fastest timed
+# settings against the kernel at the table's (ORDER_SETTINGS): dQ added by vector atomics from
+# registers (no staging, eight times the L2 requests), and the solo kernel (one warpgroup of 64 keys
+# a program, two programs an SM, as cuDNN's kernel name reads: twice the Q/dO reads and dQ adds)
+TRADE_GITS = {"atomics": "0deea3d95d21", "solo": "a014d9b69103"}
+
+
+def trade_speeds(version: str) -> pd.Series:
+    """Per cell (batch, heads, seq, causal): the kernel's ms at the table's settings over `version`'s
+    fastest (below 1: slower)."""
+    df = where(load_results(AB, status="ok"), git=TRADE_GITS[version], impl="gluon bwd128")
+    ms = df.groupby(["batch", "heads", "seq", "causal", "version", "stages", "slots"]).ms.median()
+    out = {}
+    for (b, h, n, c), cell in ms.groupby(level=[0, 1, 2, 3]):
+        cell = cell.droplevel([0, 1, 2, 3])
+        out[(b, h, n, c)] = cell[("full", *ORDER_SETTINGS[bool(c)])] / cell[version].min()
+    return pd.Series(out)
+
+
 def rotated_over_unrotated() -> pd.Series:
     """Per cell (batch, heads, seq): the unrotated kernel's ms over the rotated one's (above 1: rotation faster)."""
     df = where(load_results(AB, status="ok"), git=ROTATED_GIT, impl="gluon bwd128")
@@ -338,6 +357,8 @@ register("flash", facts={
     "d128_spills_stats_first_2": lambda: f"{spills_speeds()[('stats_first', 2)]:.2f}",
     "d128_spills_stats_first_3": lambda: f"{spills_speeds()[('stats_first', 3)]:.2f}",
     "d128_spills_full_2": lambda: f"{spills_speeds()[('full', 2)]:.2f}",
+    **{f"d128_{v}_{end}": lambda v=v, f=f: f"{f(trade_speeds(v)):.2f}" for v in TRADE_GITS
+       for end, f in (("min", min), ("max", max))},
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
            "d128_non_causal_versions": non_causal_versions_table,
            "d128_dq_attempts": dq_attempts_table,
@@ -361,6 +382,9 @@ register("flash", facts={
     # step's cell, none within noise of it
     "d128_fewer_spills_not_faster": lambda: bool((spills_speeds().drop(("full", 3)) < 0.99).all()
                                                  and len(spills_speeds()) == 6),
+    # both trades slower than the kernel by over 10% at each of the four cells they were timed at
+    "d128_staging_and_l2_trades_slower": lambda: all(
+        len(t := trade_speeds(v)) == 4 and t.max() < 0.9 for v in TRADE_GITS),
     # rotating the tiles changed nothing beyond noise (2%) at any cell it was timed at
     "d128_rotation_no_gain": lambda: bool(((rotated_over_unrotated() - 1).abs() < 0.02).all()
                                           and len(rotated_over_unrotated()) == 3),

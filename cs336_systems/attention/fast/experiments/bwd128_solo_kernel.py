@@ -26,24 +26,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
+from ..gluon.flash_bwd128_ws_kernel import _load  # the committed kernel's loader, BN keys of K and V
 from ..gluon.flash_bwd_ws_kernel import _tma_reduce_add
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-
-
-@gluon.jit
-def _load(q_desc, k_desc, v_desc, do_desc, k_s, v_s, q_s, do_s, kv_bar, ld_full, ld_empty, bh, k0, lo, n_iter,
-          n_q, n_k, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(kv_bar, 2 * BN * D * 2)
-    tma.async_copy_global_to_shared(k_desc, [bh * n_k + k0, 0], kv_bar, k_s)
-    tma.async_copy_global_to_shared(v_desc, [bh * n_k + k0, 0], kv_bar, v_s)
-    row_q = bh * n_q + lo
-    for i in range(n_iter):
-        s = i % STAGES
-        mbarrier.wait(ld_empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
-        mbarrier.expect(ld_full.index(s), 2 * BM * D * 2)
-        tma.async_copy_global_to_shared(q_desc, [row_q + i * BM, 0], ld_full.index(s), q_s.index(s))
-        tma.async_copy_global_to_shared(do_desc, [row_q + i * BM, 0], ld_full.index(s), do_s.index(s))
 
 
 @gluon.jit
