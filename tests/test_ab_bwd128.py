@@ -76,3 +76,25 @@ def test_the_order_versions_fix_the_dq_order_under_either_mask():
         tiles = ab_bwd128.variant_source(version, SOURCE)
         tiles = tiles[tiles.index("def _tiles"):tiles.index("return dk, dv")]
         assert "if DQ_UNDER_DK:" not in tiles and tiles.count(want) == 3
+
+
+def test_atomics_adds_dq_by_pointer_with_no_staging():
+    edited = ab_bwd128.variant_source("atomics", SOURCE)
+    tiles = edited[edited.index("def _tiles"):edited.index("return dk, dv")]
+    assert "gl.atomic_add(dq_row" in tiles and "_tma_reduce_add(" not in tiles and "red.store(" not in tiles
+    assert "red_s = 0" in edited and "allocate_shared_memory(gl.float32" not in edited
+    assert ab_bwd128.pointer_dq("atomics") and ab_bwd128.pointer_dq("dv_early+atomics")
+    assert not ab_bwd128.pointer_dq("full")
+
+
+def test_the_solo_kernels_launch_fits_two_programs_an_sm():
+    import torch
+
+    x = torch.empty(2, 3, 256, 128, dtype=torch.bfloat16)
+    vec = torch.empty(2, 3, 256)
+    grid, args, constexprs, dq, dk, dv = ab_bwd128.solo_args(x, x, x, x, vec, vec, True, 2)
+    assert grid == (256 // ab_bwd128.SOLO_BN, 6) and dq.dtype == torch.float32 and dk.shape == x.shape
+    # 8 warps (the loader padded to a warpgroup) of 128 registers: 32K of the SM's 64K a program
+    assert constexprs["maxnreg"] * 32 * 8 == 65536 // 2 and constexprs["BN"] == 64
+    with pytest.raises(ValueError, match="multiple of"):
+        ab_bwd128.solo_args(x[:, :, :100], x, x, x, vec, vec, True, 2)
