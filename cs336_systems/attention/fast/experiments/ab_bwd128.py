@@ -164,8 +164,103 @@ DP_WAIT = "        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])\n"
 # dq_under_dk / dq_after_dk: the kernel's dQ order (DQ_UNDER_DK, which the launcher sets from the
 # mask) forced one way under either mask, to time either order anywhere
 ORDER_IF = "        if DQ_UNDER_DK:\n"
+# add_next: tile i's dQ add (staging store, fence, barriers, bulk reduction) moved into tile i + 1,
+# after its S^T and dP^T products are issued, so that it runs under them instead of on the
+# warpgroup's path between dQ's product and the next tile (without the mask the adds cost 16%,
+# results/attention/ab_bwd128, call 65); dV's and dK's products first, then dQ's, under either
+# mask. dQ (32 registers) lives across the loop's back edge; the last tile's add after the loops.
+TILES_BLOCK = re.compile(r"# --8<-- \[start:tiles\]\n.*?# --8<-- \[end:tiles\]\n", re.S)
+ADD_NEXT_TILES = """@gluon.jit
+def _tiles(i0, i1, dk, dv, dq, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s,
+           red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale,
+           D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
+           MASKED: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]), k_width=2)
+    dtype: gl.constexpr = k_w.dtype
+    for i in range(i0, i1):
+        s = i % STAGES
+        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)
+        q = q_s.index(s)
+        do = do_s.index(s)
+        sT = hopper.warpgroup_mma(k_w, q.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
+                                  is_async=True)
+        dpT = hopper.warpgroup_mma(v_w, do.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
+                                   is_async=True)
+        if i > 0:  # the previous tile's dQ add, under this tile's two products
+            tma.store_wait(0)
+            gl.thread_barrier()
+            red.store(dq * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            _tma_reduce_add(dq_desc, [row_q + (i - 1) * BM, 64 * W], red)
+        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
+        L2 = gl.load(L_row + offs_m) * LOG2E
+        sT = hopper.warpgroup_mma_wait(1, deps=[sT])
+        pT = gl.exp2(sT * qk_scale - L2[None, :])
+        if MASKED:
+            pT = gl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        Di = gl.load(D_row + offs_m)
+        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])
+        dsT = (pT * (dpT - Di[None, :])).to(dtype)
+        t = i % SLOTS
+        ds_w = ds_s.index(t).slice(64 * W, 64)
+        mbarrier.wait(ds_free.index(t), ((i // SLOTS) & 1) ^ 1)
+        ds_w.store(dsT)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_ready.index(t), count=1)
+        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
+        dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)
+        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
+        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l),
+                                  use_acc=False, is_async=True)
+        dv, dk = hopper.warpgroup_mma_wait(1, deps=[dv, dk])  # in order: dQ's may still run
+        mbarrier.arrive(ld_empty.index(s), count=1)
+        dq = hopper.warpgroup_mma_wait(0, deps=[dq])
+        mbarrier.arrive(ds_free.index(t), count=1)
+    return dk, dv, dq
+"""
+TILES_CALL_ARGS = "dk, dv, offs_n, L_row, D_row,"  # in the def and the two calls
+MATH_ZEROS = "    dv = gl.zeros([64, D], gl.float32, o_l)\n"
+MATH_TAIL = "    tma.store_wait(0)\n    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))\n"
+LAST_ADD = """    if n_iter > 0:  # the last tile's dQ add
+        tma.store_wait(0)
+        gl.thread_barrier()
+        red.store(dq * sm_scale)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [row_q + (n_iter - 1) * BM, 64 * W], red)
+"""
+
+
+def _add_next(source: str) -> str:
+    source, n = TILES_BLOCK.subn(ADD_NEXT_TILES.replace("\\", "\\\\"), source)
+    if n != 1:
+        raise ValueError(f"ab_bwd128: kernel source has {n} tiles blocks, not 1")
+    q_l = ("    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+           "instr_shape=[16, 64, 16])\n    dq = gl.zeros([BM, 64], gl.float32, q_l)  # carried: each tile's add runs in the next\n")
+    return (source.replace(TILES_CALL_ARGS, "dk, dv, dq, offs_n, L_row, D_row,")
+            .replace("    dk, dv = _tiles(", "    dk, dv, dq = _tiles(")
+            .replace(MATH_ZEROS, MATH_ZEROS + q_l).replace(MATH_TAIL, LAST_ADD + MATH_TAIL))
+
+
+# no_bulk / no_staging: ablations that split dQ's add into its two halves (dQ wrong either way):
+# no_bulk stages each tile in shared memory as the kernel does but issues no bulk reduction (what
+# the adds' L2 traffic costs); no_staging issues the reduction from the staging buffer as it is,
+# without the store, fence and barriers before it (what the staging costs on the warpgroup's path)
+BULK_ADD = "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)\n"
+STAGING = ("        tma.store_wait(0)  # the previous tile's reduction has read the staging buffer\n"
+           "        gl.thread_barrier()\n"
+           "        red.store(dq * sm_scale)\n"
+           "        fence_async_shared()\n"
+           "        gl.thread_barrier()\n")
+
+
 # the markers a version edits in more than one place (every other is edited exactly once)
-MARKER_COUNTS = {TILES_KV: 2, SPEC_ARGS: 2, BARRIERS: 3, ORDER_IF: 3}
+MARKER_COUNTS = {TILES_KV: 2, SPEC_ARGS: 2, BARRIERS: 3, ORDER_IF: 3, TILES_CALL_ARGS: 3}
 
 
 VERSIONS = {
@@ -178,10 +273,16 @@ VERSIONS = {
     "k_rs": "K_W in registers for the whole program, the left operand of every S^T product",
     "v_rs": "V_W in registers for the whole program, the left operand of every dP^T product",
     "atomics": "dQ's adds as fp32 vector atomics from registers, no shared-memory staging",
+    "add_next": "each tile's dQ add in the next tile, under its S^T and dP^T products (dV, dK, then dQ)",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
+    "no_bulk": "ablation: dQ staged in shared memory, no bulk reduction (dQ wrong)",
+    "no_staging": "ablation: the bulk reduction without the staging store, fence and barriers (dQ wrong)",
     "dq_under_dk": "dQ's product between dV's and dK's, its adds under dK's, under either mask (the causal order)",
     "dq_after_dk": "dQ's product and adds after dV's and dK's, under either mask (the order without the mask)",
 }
+
+
+DQ_WRONG = ("no_reduce", "no_bulk", "no_staging")  # ablations whose dQ is not checked
 
 
 def _guard(block: str) -> str:
@@ -197,7 +298,8 @@ def variant_source(name: str, source: str) -> str:
         return source
     needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
              "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
-             "atomics": (REDUCE, RED_ALLOC, RED_PICK), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
+             "atomics": (REDUCE, RED_ALLOC, RED_PICK), "add_next": (TILES_CALL_ARGS, MATH_ZEROS, MATH_TAIL),
+             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
              }.get(name, ())
@@ -225,6 +327,12 @@ def variant_source(name: str, source: str) -> str:
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n"))
     if name == "no_reduce":
         return source.replace(REDUCE, _guard(REDUCE))
+    if name == "no_bulk":
+        return source.replace(BULK_ADD, _guard(BULK_ADD))
+    if name == "no_staging":
+        return source.replace(STAGING, _guard(STAGING))
+    if name == "add_next":
+        return _add_next(source)
     if name == "atomics":
         return (source.replace(REDUCE, ATOMIC_ADD).replace(RED_ALLOC, "    red_s = 0  # no staging buffers\n")
                 .replace(RED_PICK, "    red = 0  # no staging buffer\n"))
@@ -344,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             fn = lambda kern=kernel, st=stages, sl=slots, g=group, launch=launch: launch(  # noqa: E731
                 q, k, v, do, L, delta, causal, st, sl, kernel=kern, group=g or None)
             got = fn()  # compiles
-            pairs = list(zip(got, want))[1 if "no_reduce" in version else 0:]
+            pairs = list(zip(got, want))[1 if any(a in version for a in DQ_WRONG) else 0:]
             err = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in pairs)
             print(f"[ab_bwd128] {version} stages={stages} slots={slots} group={group}: rel err vs Triton {err:.2e}", flush=True)
             if not err < 3e-2:
