@@ -247,6 +247,89 @@ def _add_next(source: str) -> str:
             .replace(MATH_ZEROS, MATH_ZEROS + q_l).replace(MATH_TAIL, LAST_ADD + MATH_TAIL))
 
 
+# dk_split: dK's product split by its columns into two (64, 64) accumulators, issued as dV, dK's
+# first half, (wait for both halves of dS^T) dQ, dK's second half: the wait for the other
+# warpgroup runs under dV's and a half of dK's products, and dQ's staging and reduction under the
+# second half, under either mask (the staging on the warpgroup's path costs ~8-11% without the
+# mask: no_staging, call 66). The same registers: two halves of dK's 64.
+DK_SPLIT_TILES = """@gluon.jit
+def _tiles(i0, i1, dk_lo, dk_hi, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s,
+           red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale,
+           D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
+           MASKED: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]), k_width=2)
+    a_h: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16]), k_width=2)
+    dtype: gl.constexpr = k_w.dtype
+    for i in range(i0, i1):
+        s = i % STAGES
+        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)
+        q = q_s.index(s)
+        do = do_s.index(s)
+        sT = hopper.warpgroup_mma(k_w, q.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
+                                  is_async=True)
+        dpT = hopper.warpgroup_mma(v_w, do.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
+                                   is_async=True)
+        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
+        L2 = gl.load(L_row + offs_m) * LOG2E
+        sT = hopper.warpgroup_mma_wait(1, deps=[sT])
+        pT = gl.exp2(sT * qk_scale - L2[None, :])
+        if MASKED:
+            pT = gl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        Di = gl.load(D_row + offs_m)
+        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])
+        dsT = (pT * (dpT - Di[None, :])).to(dtype)
+        t = i % SLOTS
+        ds_w = ds_s.index(t).slice(64 * W, 64)
+        mbarrier.wait(ds_free.index(t), ((i // SLOTS) & 1) ^ 1)
+        ds_w.store(dsT)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_ready.index(t), count=1)
+        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
+        ds_a = gl.convert_layout(dsT, a_h)
+        dk_lo = hopper.warpgroup_mma(ds_a, q.slice(0, D // 2, dim=1), dk_lo, is_async=True)
+        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
+        dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l),
+                                  use_acc=False, is_async=True)
+        dk_hi = hopper.warpgroup_mma(ds_a, q.slice(D // 2, D // 2, dim=1), dk_hi, is_async=True)
+        dv, dk_lo, dq = hopper.warpgroup_mma_wait(1, deps=[dv, dk_lo, dq])  # in order: dK's second half runs
+        mbarrier.arrive(ds_free.index(t), count=1)
+        tma.store_wait(0)  # the previous tile's reduction has read the staging buffer
+        gl.thread_barrier()
+        red.store(dq * sm_scale)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)
+        dk_hi = hopper.warpgroup_mma_wait(0, deps=[dk_hi])
+        mbarrier.arrive(ld_empty.index(s), count=1)
+    return dk_lo, dk_hi, dv
+"""
+DK_ZEROS = "    dk = gl.zeros([64, D], gl.float32, o_l)\n"
+DK_STORE = "    gl.store(DK + base + out, (dk * sm_scale).to(dtype))\n"
+
+
+def _dk_split(source: str) -> str:
+    source, n = TILES_BLOCK.subn(DK_SPLIT_TILES.replace("\\", "\\\\"), source)
+    if n != 1:
+        raise ValueError(f"ab_bwd128: kernel source has {n} tiles blocks, not 1")
+    halves = ("    h_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+              "instr_shape=[16, D // 2, 16])\n"
+              "    dk_lo = gl.zeros([64, D // 2], gl.float32, h_l)  # dK's columns 0 .. D/2 - 1\n"
+              "    dk_hi = gl.zeros([64, D // 2], gl.float32, h_l)\n")
+    store = ("    cols_h = gl.arange(0, D // 2, layout=gl.SliceLayout(0, h_l))\n"
+             "    rows_h = gl.arange(0, 64, layout=gl.SliceLayout(1, h_l))\n"
+             "    out_h = rows_h[:, None] * D + cols_h[None, :]\n"
+             "    gl.store(DK + base + out_h, (dk_lo * sm_scale).to(dtype))\n"
+             "    gl.store(DK + base + D // 2 + out_h, (dk_hi * sm_scale).to(dtype))\n")
+    return (source.replace(TILES_CALL_ARGS, "dk_lo, dk_hi, dv, offs_n, L_row, D_row,")
+            .replace("    dk, dv = _tiles(", "    dk_lo, dk_hi, dv = _tiles(")
+            .replace(DK_ZEROS, halves).replace(DK_STORE, store))
+
+
 # no_bulk / no_staging: ablations that split dQ's add into its two halves (dQ wrong either way):
 # no_bulk stages each tile in shared memory as the kernel does but issues no bulk reduction (what
 # the adds' L2 traffic costs); no_staging issues the reduction from the staging buffer as it is,
@@ -274,6 +357,7 @@ VERSIONS = {
     "v_rs": "V_W in registers for the whole program, the left operand of every dP^T product",
     "atomics": "dQ's adds as fp32 vector atomics from registers, no shared-memory staging",
     "add_next": "each tile's dQ add in the next tile, under its S^T and dP^T products (dV, dK, then dQ)",
+    "dk_split": "dK's product in two column halves: dV, dK's first, dQ, dK's second (the adds under it)",
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "no_bulk": "ablation: dQ staged in shared memory, no bulk reduction (dQ wrong)",
     "no_staging": "ablation: the bulk reduction without the staging store, fence and barriers (dQ wrong)",
@@ -299,7 +383,7 @@ def variant_source(name: str, source: str) -> str:
     needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
              "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
              "atomics": (REDUCE, RED_ALLOC, RED_PICK), "add_next": (TILES_CALL_ARGS, MATH_ZEROS, MATH_TAIL),
-             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
+             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,), "dk_split": (TILES_CALL_ARGS, DK_ZEROS, DK_STORE), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
              }.get(name, ())
@@ -331,6 +415,8 @@ def variant_source(name: str, source: str) -> str:
         return source.replace(BULK_ADD, _guard(BULK_ADD))
     if name == "no_staging":
         return source.replace(STAGING, _guard(STAGING))
+    if name == "dk_split":
+        return _dk_split(source)
     if name == "add_next":
         return _add_next(source)
     if name == "atomics":
