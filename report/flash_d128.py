@@ -235,18 +235,28 @@ def spills_speeds() -> pd.Series:
 # registers (no staging, eight times the L2 requests), and the solo kernel (one warpgroup of 64 keys
 # a program, two programs an SM, as cuDNN's kernel name reads: twice the Q/dO reads and dQ adds)
 TRADE_GITS = {"atomics": "0deea3d95d21", "solo": "a014d9b69103"}
+# the add split in two ablations (no_staging: the bulk reduction alone; no_bulk: the staging alone)
+# and two schedules that move it off the warpgroup's path (add_next: under the next tile's first
+# products; dk_split: under the second half of dK's), each against the kernel in the same run
+SPLIT_GITS = {"no_staging": "73d8519606f3", "no_bulk": "73d8519606f3", "add_next": "73d8519606f3",
+              "dk_split": "1fcca49f1c9f"}
 
 
 def trade_speeds(version: str) -> pd.Series:
     """Per cell (batch, heads, seq, causal): the kernel's ms at the table's settings over `version`'s
     fastest (below 1: slower)."""
-    df = where(load_results(AB, status="ok"), git=TRADE_GITS[version], impl="gluon bwd128")
+    df = where(load_results(AB, status="ok"), git={**TRADE_GITS, **SPLIT_GITS}[version], impl="gluon bwd128")
     ms = df.groupby(["batch", "heads", "seq", "causal", "version", "stages", "slots"]).ms.median()
     out = {}
     for (b, h, n, c), cell in ms.groupby(level=[0, 1, 2, 3]):
         cell = cell.droplevel([0, 1, 2, 3])
         out[(b, h, n, c)] = cell[("full", *ORDER_SETTINGS[bool(c)])] / cell[version].min()
     return pd.Series(out)
+
+
+def _without_mask(version: str) -> pd.Series:
+    t = trade_speeds(version)
+    return t[[not c for (_, _, _, c) in t.index]]
 
 
 def rotated_over_unrotated() -> pd.Series:
@@ -357,7 +367,9 @@ register("flash", facts={
     "d128_spills_stats_first_2": lambda: f"{spills_speeds()[('stats_first', 2)]:.2f}",
     "d128_spills_stats_first_3": lambda: f"{spills_speeds()[('stats_first', 3)]:.2f}",
     "d128_spills_full_2": lambda: f"{spills_speeds()[('full', 2)]:.2f}",
-    **{f"d128_{v}_{end}": lambda v=v, f=f: f"{f(trade_speeds(v)):.2f}" for v in TRADE_GITS
+    **{f"d128_{v}_{end}": lambda v=v, f=f: f"{f(trade_speeds(v)):.2f}" for v in (*TRADE_GITS, *SPLIT_GITS)
+       for end, f in (("min", min), ("max", max))},
+    **{f"d128_{v}_full_{end}": lambda v=v, f=f: f"{f(_without_mask(v)):.2f}" for v in ("no_staging", "no_bulk")
        for end, f in (("min", min), ("max", max))},
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
            "d128_non_causal_versions": non_causal_versions_table,
@@ -385,6 +397,15 @@ register("flash", facts={
     # both trades slower than the kernel by over 10% at each of the four cells they were timed at
     "d128_staging_and_l2_trades_slower": lambda: all(
         len(t := trade_speeds(v)) == 4 and t.max() < 0.9 for v in TRADE_GITS),
+    # without the mask each half of the add alone costs over 5% at both cells it was timed at (under
+    # it, leaving either out is slower); moving
+    # the add under other products (add_next, dk_split) is no faster than noise (2%) at any cell
+    "d128_add_halves_cost_moving_them_does_not_help": lambda: bool(
+        len(_without_mask("no_staging")) == len(_without_mask("no_bulk")) == 2
+        and min(_without_mask("no_staging").min(), _without_mask("no_bulk").min()) > 1.05
+        and all(t[[c for (_, _, _, c) in t.index]].max() < 1.0 for t in map(trade_speeds, ("no_staging", "no_bulk")))
+        and max(trade_speeds("add_next").max(), trade_speeds("dk_split").max()) < 1.02
+        and len(trade_speeds("dk_split")) == 4),
     # rotating the tiles changed nothing beyond noise (2%) at any cell it was timed at
     "d128_rotation_no_gain": lambda: bool(((rotated_over_unrotated() - 1).abs() < 0.02).all()
                                           and len(rotated_over_unrotated()) == 3),
