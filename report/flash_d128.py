@@ -367,7 +367,7 @@ register("flash", facts={
     "d128_spills_stats_first_2": lambda: f"{spills_speeds()[('stats_first', 2)]:.2f}",
     "d128_spills_stats_first_3": lambda: f"{spills_speeds()[('stats_first', 3)]:.2f}",
     "d128_spills_full_2": lambda: f"{spills_speeds()[('full', 2)]:.2f}",
-    **{f"d128_{v}_{end}": lambda v=v, f=f: f"{f(trade_speeds(v)):.2f}" for v in (*TRADE_GITS, *SPLIT_GITS)
+    **{f"d128_{v}_{end}": lambda v=v, f=f: f"{f(trade_speeds(v)):.2f}" for v in (*TRADE_GITS, "add_next", "dk_split")
        for end, f in (("min", min), ("max", max))},
     **{f"d128_{v}_full_{end}": lambda v=v, f=f: f"{f(_without_mask(v)):.2f}" for v in ("no_staging", "no_bulk")
        for end, f in (("min", min), ("max", max))},
