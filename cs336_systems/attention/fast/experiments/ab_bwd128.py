@@ -142,8 +142,8 @@ def _with_writer(source: str) -> str:
 
 # atomics: dQ's adds straight from registers (vector fp32 atomics, two columns a thread-instruction),
 # as the Triton kernels add it, instead of staging each tile in shared memory for a bulk reduction:
-# no staging store, fence, barriers or wait for the previous tile's reduction, and 32 KB of
-# shared-memory traffic a tile fewer; L2 gets the same bytes in eight times as many requests.
+# no staging store, fence, barriers or wait for the previous tile's reduction, and none of the
+# staging's shared-memory traffic; L2 gets the same bytes as many small requests.
 # The kernel's dq_desc takes dQ's fp32 tensor itself (`pointer_dq`).
 ATOMIC_ADD = ("        dq_row = dq_desc + (row_q + i * BM).to(gl.int64) * D  # 64-bit base, 32-bit offsets\n"
               "        dq_m = gl.arange(0, BM, layout=gl.SliceLayout(1, q_l))\n"
@@ -169,52 +169,24 @@ ORDER_IF = "        if DQ_UNDER_DK:\n"
 # warpgroup's path between dQ's product and the next tile (without the mask the adds cost 16%,
 # results/attention/ab_bwd128, call 65); dV's and dK's products first, then dQ's, under either
 # mask. dQ (32 registers) lives across the loop's back edge; the last tile's add after the loops.
-TILES_BLOCK = re.compile(r"# --8<-- \[start:tiles\]\n.*?# --8<-- \[end:tiles\]\n", re.S)
-ADD_NEXT_TILES = """@gluon.jit
-def _tiles(i0, i1, dk, dv, dq, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s,
-           red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale,
-           D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
-           MASKED: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
-    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]), k_width=2)
-    dtype: gl.constexpr = k_w.dtype
-    for i in range(i0, i1):
-        s = i % STAGES
-        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)
-        q = q_s.index(s)
-        do = do_s.index(s)
-        sT = hopper.warpgroup_mma(k_w, q.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
-                                  is_async=True)
-        dpT = hopper.warpgroup_mma(v_w, do.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
-                                   is_async=True)
-        if i > 0:  # the previous tile's dQ add, under this tile's two products
-            tma.store_wait(0)
-            gl.thread_barrier()
-            red.store(dq * sm_scale)
-            fence_async_shared()
-            gl.thread_barrier()
-            _tma_reduce_add(dq_desc, [row_q + (i - 1) * BM, 64 * W], red)
-        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
-        L2 = gl.load(L_row + offs_m) * LOG2E
-        sT = hopper.warpgroup_mma_wait(1, deps=[sT])
-        pT = gl.exp2(sT * qk_scale - L2[None, :])
-        if MASKED:
-            pT = gl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        Di = gl.load(D_row + offs_m)
-        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])
-        dsT = (pT * (dpT - Di[None, :])).to(dtype)
-        t = i % SLOTS
-        ds_w = ds_s.index(t).slice(64 * W, 64)
-        mbarrier.wait(ds_free.index(t), ((i // SLOTS) & 1) ^ 1)
-        ds_w.store(dsT)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(ds_ready.index(t), count=1)
-        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
-        dk = hopper.warpgroup_mma(gl.convert_layout(dsT, a_l), q, dk, is_async=True)
-        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
+# dk_split: dK's product split by its columns into two (64, 64) accumulators, issued as dV, dK's
+# first half, (wait for both halves of dS^T) dQ, dK's second half: the wait for the other
+# warpgroup runs under dV's and a half of dK's products, and dQ's staging and reduction under the
+# second half, under either mask (the staging on the warpgroup's path costs ~8-11% without the
+# mask: no_staging, call 66). The same registers: two halves of dK's 64.
+# Both keep the committed loop up to dS^T's hand-off (HEAD_END) and replace what follows.
+TILES_CALL_ARGS = "dk, dv, offs_n, L_row, D_row,"  # in the def and the two calls
+DPT_ISSUE = ("        dpT = hopper.warpgroup_mma(v_w, do.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), "
+             "use_acc=False,\n                                   is_async=True)\n")
+HEAD_END = "        mbarrier.arrive(ds_ready.index(t), count=1)\n"
+RETURN = "    return dk, dv\n"
+MATH_ZEROS = "    dv = gl.zeros([64, D], gl.float32, o_l)\n"
+MATH_TAIL = "    tma.store_wait(0)\n    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))\n"
+A_LAYOUT_END = "instr_shape=[16, D, 16]), k_width=2)\n"  # the end of a_l's definition in _tiles
+DK_ZEROS = "    dk = gl.zeros([64, D], gl.float32, o_l)\n"
+DK_STORE = "    gl.store(DK + base + out, (dk * sm_scale).to(dtype))\n"
+DV_DK = DV_MMA + DK_MMA  # dV's and dK's products, as committed
+ADD_NEXT_TAIL = DV_DK + """        mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
         dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l),
                                   use_acc=False, is_async=True)
         dv, dk = hopper.warpgroup_mma_wait(1, deps=[dv, dk])  # in order: dQ's may still run
@@ -223,74 +195,7 @@ def _tiles(i0, i1, dk, dv, dq, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, 
         mbarrier.arrive(ds_free.index(t), count=1)
     return dk, dv, dq
 """
-TILES_CALL_ARGS = "dk, dv, offs_n, L_row, D_row,"  # in the def and the two calls
-MATH_ZEROS = "    dv = gl.zeros([64, D], gl.float32, o_l)\n"
-MATH_TAIL = "    tma.store_wait(0)\n    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))\n"
-LAST_ADD = """    if n_iter > 0:  # the last tile's dQ add
-        tma.store_wait(0)
-        gl.thread_barrier()
-        red.store(dq * sm_scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [row_q + (n_iter - 1) * BM, 64 * W], red)
-"""
-
-
-def _add_next(source: str) -> str:
-    source, n = TILES_BLOCK.subn(ADD_NEXT_TILES.replace("\\", "\\\\"), source)
-    if n != 1:
-        raise ValueError(f"ab_bwd128: kernel source has {n} tiles blocks, not 1")
-    q_l = ("    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
-           "instr_shape=[16, 64, 16])\n    dq = gl.zeros([BM, 64], gl.float32, q_l)  # carried: each tile's add runs in the next\n")
-    return (source.replace(TILES_CALL_ARGS, "dk, dv, dq, offs_n, L_row, D_row,")
-            .replace("    dk, dv = _tiles(", "    dk, dv, dq = _tiles(")
-            .replace(MATH_ZEROS, MATH_ZEROS + q_l).replace(MATH_TAIL, LAST_ADD + MATH_TAIL))
-
-
-# dk_split: dK's product split by its columns into two (64, 64) accumulators, issued as dV, dK's
-# first half, (wait for both halves of dS^T) dQ, dK's second half: the wait for the other
-# warpgroup runs under dV's and a half of dK's products, and dQ's staging and reduction under the
-# second half, under either mask (the staging on the warpgroup's path costs ~8-11% without the
-# mask: no_staging, call 66). The same registers: two halves of dK's 64.
-DK_SPLIT_TILES = """@gluon.jit
-def _tiles(i0, i1, dk_lo, dk_hi, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_cols, q_s, do_s, ds_s,
-           red, ld_full, ld_empty, ds_ready, ds_free, lo, row_q, qk_scale, sm_scale,
-           D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr, W: gl.constexpr,
-           MASKED: gl.constexpr, DQ_UNDER_DK: gl.constexpr):
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
-    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]), k_width=2)
-    a_h: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16]), k_width=2)
-    dtype: gl.constexpr = k_w.dtype
-    for i in range(i0, i1):
-        s = i % STAGES
-        mbarrier.wait(ld_full.index(s), (i // STAGES) & 1)
-        q = q_s.index(s)
-        do = do_s.index(s)
-        sT = hopper.warpgroup_mma(k_w, q.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
-                                  is_async=True)
-        dpT = hopper.warpgroup_mma(v_w, do.permute((1, 0)), gl.zeros([64, BM], gl.float32, s_l), use_acc=False,
-                                   is_async=True)
-        offs_m = lo + i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_l))
-        L2 = gl.load(L_row + offs_m) * LOG2E
-        sT = hopper.warpgroup_mma_wait(1, deps=[sT])
-        pT = gl.exp2(sT * qk_scale - L2[None, :])
-        if MASKED:
-            pT = gl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        Di = gl.load(D_row + offs_m)
-        dpT = hopper.warpgroup_mma_wait(0, deps=[dpT])
-        dsT = (pT * (dpT - Di[None, :])).to(dtype)
-        t = i % SLOTS
-        ds_w = ds_s.index(t).slice(64 * W, 64)
-        mbarrier.wait(ds_free.index(t), ((i // SLOTS) & 1) ^ 1)
-        ds_w.store(dsT)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(ds_ready.index(t), count=1)
-        dv = hopper.warpgroup_mma(gl.convert_layout(pT.to(dtype), a_l), do, dv, is_async=True)
-        ds_a = gl.convert_layout(dsT, a_h)
+DK_SPLIT_TAIL = DV_MMA + """        ds_a = gl.convert_layout(dsT, a_h)
         dk_lo = hopper.warpgroup_mma(ds_a, q.slice(0, D // 2, dim=1), dk_lo, is_async=True)
         mbarrier.wait(ds_ready.index(t), (i // SLOTS) & 1)
         dq = hopper.warpgroup_mma(ds_s.index(t).permute((1, 0)), k_cols, gl.zeros([BM, 64], gl.float32, q_l),
@@ -298,24 +203,39 @@ def _tiles(i0, i1, dk_lo, dk_hi, dv, offs_n, L_row, D_row, dq_desc, k_w, v_w, k_
         dk_hi = hopper.warpgroup_mma(ds_a, q.slice(D // 2, D // 2, dim=1), dk_hi, is_async=True)
         dv, dk_lo, dq = hopper.warpgroup_mma_wait(1, deps=[dv, dk_lo, dq])  # in order: dK's second half runs
         mbarrier.arrive(ds_free.index(t), count=1)
-        tma.store_wait(0)  # the previous tile's reduction has read the staging buffer
-        gl.thread_barrier()
-        red.store(dq * sm_scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)
-        dk_hi = hopper.warpgroup_mma_wait(0, deps=[dk_hi])
+""" + REDUCE + """        dk_hi = hopper.warpgroup_mma_wait(0, deps=[dk_hi])
         mbarrier.arrive(ld_empty.index(s), count=1)
     return dk_lo, dk_hi, dv
 """
-DK_ZEROS = "    dk = gl.zeros([64, D], gl.float32, o_l)\n"
-DK_STORE = "    gl.store(DK + base + out, (dk * sm_scale).to(dtype))\n"
+A_HALF = ("    a_h: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(\n"
+          "        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16]), k_width=2)\n")
+
+
+def _dq_add(tile: str, indent: str) -> str:
+    """The kernel's dQ add (REDUCE) for query tile `tile`, at `indent`."""
+    lines = REDUCE.replace("i * BM", f"{tile} * BM").splitlines()
+    return "".join(indent + line.strip() + "\n" for line in lines)
+
+
+def _new_tail(source: str, tail: str) -> str:
+    """The source with everything of _tiles' loop after dS^T's hand-off replaced by `tail`."""
+    i = source.index(HEAD_END) + len(HEAD_END)
+    return source[:i] + tail + source[source.index(RETURN, i) + len(RETURN):]
+
+
+def _add_next(source: str) -> str:
+    q_l = ("    q_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
+           "instr_shape=[16, 64, 16])\n    dq = gl.zeros([BM, 64], gl.float32, q_l)  # carried: each tile's add runs in the next\n")
+    source = _new_tail(source, ADD_NEXT_TAIL).replace(
+        DPT_ISSUE, DPT_ISSUE + "        if i > 0:  # the previous tile's dQ add, under this tile's two products\n"
+        + _dq_add("(i - 1)", " " * 12))
+    last = "    if n_iter > 0:  # the last tile's dQ add\n" + _dq_add("(n_iter - 1)", " " * 8)
+    return (source.replace(TILES_CALL_ARGS, "dk, dv, dq, offs_n, L_row, D_row,")
+            .replace("    dk, dv = _tiles(", "    dk, dv, dq = _tiles(")
+            .replace(MATH_ZEROS, MATH_ZEROS + q_l).replace(MATH_TAIL, last + MATH_TAIL))
 
 
 def _dk_split(source: str) -> str:
-    source, n = TILES_BLOCK.subn(DK_SPLIT_TILES.replace("\\", "\\\\"), source)
-    if n != 1:
-        raise ValueError(f"ab_bwd128: kernel source has {n} tiles blocks, not 1")
     halves = ("    h_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], "
               "instr_shape=[16, D // 2, 16])\n"
               "    dk_lo = gl.zeros([64, D // 2], gl.float32, h_l)  # dK's columns 0 .. D/2 - 1\n"
@@ -325,7 +245,8 @@ def _dk_split(source: str) -> str:
              "    out_h = rows_h[:, None] * D + cols_h[None, :]\n"
              "    gl.store(DK + base + out_h, (dk_lo * sm_scale).to(dtype))\n"
              "    gl.store(DK + base + D // 2 + out_h, (dk_hi * sm_scale).to(dtype))\n")
-    return (source.replace(TILES_CALL_ARGS, "dk_lo, dk_hi, dv, offs_n, L_row, D_row,")
+    return (_new_tail(source, DK_SPLIT_TAIL).replace(A_LAYOUT_END, A_LAYOUT_END + A_HALF, 1)
+            .replace(TILES_CALL_ARGS, "dk_lo, dk_hi, dv, offs_n, L_row, D_row,")
             .replace("    dk, dv = _tiles(", "    dk_lo, dk_hi, dv = _tiles(")
             .replace(DK_ZEROS, halves).replace(DK_STORE, store))
 
@@ -382,8 +303,8 @@ def variant_source(name: str, source: str) -> str:
         return source
     needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
              "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
-             "atomics": (REDUCE, RED_ALLOC, RED_PICK), "add_next": (TILES_CALL_ARGS, MATH_ZEROS, MATH_TAIL),
-             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,), "dk_split": (TILES_CALL_ARGS, DK_ZEROS, DK_STORE), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
+             "atomics": (REDUCE, RED_ALLOC, RED_PICK), "add_next": (TILES_CALL_ARGS, MATH_ZEROS, MATH_TAIL, DPT_ISSUE, HEAD_END, RETURN),
+             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,), "dk_split": (TILES_CALL_ARGS, DK_ZEROS, DK_STORE, HEAD_END, RETURN), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
              }.get(name, ())
