@@ -8,30 +8,31 @@ import ast
 import pytest
 
 from cs336_systems.attention.fast.experiments import ab_bwd128
+from cs336_systems.attention.fast.experiments import bwd128_versions as versions
 
-SOURCE = ab_bwd128.KERNEL_FILE.read_text()
+SOURCE = versions.KERNEL_FILE.read_text()
 
 
-@pytest.mark.parametrize("version", [*ab_bwd128.VERSIONS, "dv_early+dq_writer"])
+@pytest.mark.parametrize("version", [*versions.VERSIONS, "dv_early+dq_writer"])
 def test_every_version_edits_the_committed_kernel(version):
-    edited = ab_bwd128.variant_source(version, SOURCE)
+    edited = versions.variant_source(version, SOURCE)
     ast.parse(edited)
     assert (edited == SOURCE) == (version == "full")
 
 
 def test_red2_gives_each_warpgroup_two_staging_buffers_and_waits_for_the_older():
-    edited = ab_bwd128.variant_source("red2", SOURCE)
+    edited = versions.variant_source("red2", SOURCE)
     assert "[4, BM, 64]" in edited and "[2, BM, 64]" not in edited
     assert "tma.store_wait(1)" in edited and "red.index(2 * W + (i & 1))" in edited
 
 
 def test_an_unknown_version_or_a_missing_line_is_refused():
     with pytest.raises(ValueError, match="unknown version"):
-        ab_bwd128.variant_source("nope", SOURCE)
+        versions.variant_source("nope", SOURCE)
     with pytest.raises(ValueError, match="copies of"):
-        ab_bwd128.variant_source("red2", SOURCE.replace(ab_bwd128.RED_PICK, ""))
+        versions.variant_source("red2", SOURCE.replace(versions.RED_PICK, ""))
     with pytest.raises(ValueError, match="the dQ add"):
-        ab_bwd128.variant_source("red2", SOURCE.replace("tma.store_wait(0)", "tma.store_wait(2)"))
+        versions.variant_source("red2", SOURCE.replace("tma.store_wait(0)", "tma.store_wait(2)"))
 
 
 def test_under_the_mask_the_kernel_issues_dq_between_dv_and_dk_and_adds_it_under_dk():
@@ -48,12 +49,12 @@ def test_under_the_mask_the_kernel_issues_dq_between_dv_and_dk_and_adds_it_under
 
 def test_the_committed_kernel_takes_dv_and_dks_left_operands_from_registers():
     # the rows named dv_rs, dk_rs in results/attention/ab_bwd128 measured this against shared memory
-    assert ab_bwd128.DV_MMA in SOURCE and ab_bwd128.DK_MMA in SOURCE
+    assert versions.DV_MMA in SOURCE and versions.DK_MMA in SOURCE
     assert "p_w" not in SOURCE  # P^T has no shared-memory buffer
 
 
 def test_dq_writer_moves_every_reduction_into_its_own_partition():
-    edited = ab_bwd128.variant_source("dq_writer", SOURCE)
+    edited = versions.variant_source("dq_writer", SOURCE)
     tiles = edited[edited.index("def _tiles"):edited.index("return dk, dv")]
     writer = edited[edited.index("def _dq_writer"):edited.index("def bwd128_ws_kernel")]
     assert "_tma_reduce_add(" not in tiles and "store_wait" not in tiles  # the math only stages and signals
@@ -63,7 +64,7 @@ def test_dq_writer_moves_every_reduction_into_its_own_partition():
 
 
 def test_dv_early_issues_dvs_product_before_the_wait_for_dpt():
-    tiles = ab_bwd128.variant_source("dv_early", SOURCE)
+    tiles = versions.variant_source("dv_early", SOURCE)
     tiles = tiles[tiles.index("def _tiles"):tiles.index("return dk, dv")]
     assert tiles.count("dv = hopper.warpgroup_mma(") == 1
     order = [tiles.index(x) for x in ("pT = gl.exp2(", "dv = hopper.warpgroup_mma(", "warpgroup_mma_wait(1, deps=[dpT])",
@@ -73,18 +74,18 @@ def test_dv_early_issues_dvs_product_before_the_wait_for_dpt():
 
 def test_the_order_versions_fix_the_dq_order_under_either_mask():
     for version, want in (("dq_under_dk", "if True:"), ("dq_after_dk", "if False:")):
-        tiles = ab_bwd128.variant_source(version, SOURCE)
+        tiles = versions.variant_source(version, SOURCE)
         tiles = tiles[tiles.index("def _tiles"):tiles.index("return dk, dv")]
         assert "if DQ_UNDER_DK:" not in tiles and tiles.count(want) == 3
 
 
 def test_atomics_adds_dq_by_pointer_with_no_staging():
-    edited = ab_bwd128.variant_source("atomics", SOURCE)
+    edited = versions.variant_source("atomics", SOURCE)
     tiles = edited[edited.index("def _tiles"):edited.index("return dk, dv")]
     assert "gl.atomic_add(dq_row" in tiles and "_tma_reduce_add(" not in tiles and "red.store(" not in tiles
     assert "red_s = 0" in edited and "allocate_shared_memory(gl.float32" not in edited
-    assert ab_bwd128.pointer_dq("atomics") and ab_bwd128.pointer_dq("dv_early+atomics")
-    assert not ab_bwd128.pointer_dq("full")
+    assert versions.pointer_dq("atomics") and versions.pointer_dq("dv_early+atomics")
+    assert not versions.pointer_dq("full")
 
 
 def test_the_solo_kernels_launch_fits_two_programs_an_sm():

@@ -33,6 +33,15 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
+def _add_half(dq_desc, red, half, row, col):
+    """Stage one (BM, 64) half of a tile's dQ in `red` and add it into dQ's fp32 sum by a bulk reduction."""
+    red.store(half)
+    fence_async_shared()
+    gl.thread_barrier()
+    _tma_reduce_add(dq_desc, [row, col], red)
+
+
+@gluon.jit
 def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_s, v_s, q_s, do_s, ds_s, ld_full, ld_empty, lo, row_q,
            qk_scale, sm_scale, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
@@ -74,17 +83,10 @@ def _tiles(i0, i1, dk, dv, offs_n, L_row, D_row, dq_desc, k_s, v_s, q_s, do_s, d
         dq1 = hopper.warpgroup_mma(ds_s.permute((1, 0)), k_s.slice(64, 64, dim=1),
                                    gl.zeros([BM, 64], gl.float32, q_l), use_acc=False, is_async=True)
         dq0 = hopper.warpgroup_mma_wait(1, deps=[dq0])
-        red0 = q._reinterpret(gl.float32, [BM, 64], red_l)  # Q's buffer: dK's product is done with it
-        red0.store(dq0 * sm_scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [row_q + i * BM, 0], red0)
+        # dQ's first half through Q's buffer (dK's product is done with it), the second through dO's
+        _add_half(dq_desc, q._reinterpret(gl.float32, [BM, 64], red_l), dq0 * sm_scale, row_q + i * BM, 0)
         dq1 = hopper.warpgroup_mma_wait(0, deps=[dq1])
-        red1 = do._reinterpret(gl.float32, [BM, 64], red_l)  # dO's: dV's product is done with it
-        red1.store(dq1 * sm_scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [row_q + i * BM, 64], red1)
+        _add_half(dq_desc, do._reinterpret(gl.float32, [BM, 64], red_l), dq1 * sm_scale, row_q + i * BM, 64)
     return dk, dv
 
 

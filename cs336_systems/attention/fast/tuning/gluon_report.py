@@ -71,31 +71,32 @@ def fwd_report(d: int, causal: bool, block_n: int, stages: int, warpgroups: int)
 
 
 def bwd128_report(causal: bool, stages: int, slots: int, version: str = "full") -> dict:
-    """The d = 128 backward, or one of its A/B versions (experiments/ab_bwd128.py's VERSIONS)."""
+    """The d = 128 backward, or one of its A/B versions (experiments/bwd128_versions.py)."""
     import tempfile
     from pathlib import Path
 
     from ..experiments import ab_bwd128
+    from ..experiments import bwd128_versions as versions
     from ..experiments.harness import load_variant
     from ..gluon.bwd128_ws import bwd128_args_for_report
 
-    if version in ab_bwd128.OWN_KERNELS:  # solo: its own kernel file and launch
+    if version in versions.OWN_KERNELS:  # solo: its own kernel file and launch
         from ..direct_launch import for_triton
 
         x = torch.empty(1, 1, 4096, 128, dtype=torch.bfloat16)
         vec = torch.empty(1, 1, 4096)
         _, args, constexprs, *_ = ab_bwd128.solo_args(x, x, x, x, vec, vec, causal, stages)
-        kernel = load_variant("bwd128_solo", ab_bwd128.SOLO_FILE, ab_bwd128.VARIANT_PACKAGE).bwd128_solo_kernel
+        kernel = load_variant("bwd128_solo", versions.SOLO_FILE, versions.VARIANT_PACKAGE).bwd128_solo_kernel
         return compile_gluon(kernel, for_triton(args), constexprs)
     kernel, args, constexprs = bwd128_args_for_report(causal, stages, slots)
-    if ab_bwd128.pointer_dq(version):  # the version's dq_desc is dQ's fp32 tensor
+    if versions.pointer_dq(version):  # the version's dq_desc is dQ's fp32 tensor
         args = args[:6] + (torch.empty(4096, 128),) + args[7:]
     if version != "full":
         name = "bwd128_" + version.replace("+", "_")
         with tempfile.TemporaryDirectory() as workdir:
             path = Path(workdir) / f"{name}.py"
-            path.write_text(ab_bwd128.variant_source(version, ab_bwd128.KERNEL_FILE.read_text()))
-            kernel = load_variant(name, path, ab_bwd128.VARIANT_PACKAGE).bwd128_ws_kernel
+            path.write_text(versions.variant_source(version, versions.KERNEL_FILE.read_text()))
+            kernel = load_variant(name, path, versions.VARIANT_PACKAGE).bwd128_ws_kernel
             return compile_gluon(kernel, args, constexprs)
     return compile_gluon(kernel, args, constexprs)
 
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--settings", nargs="+", default=None, metavar="A,B,C",
                     help="fwd: WARPGROUPS,BLOCK_N,STAGES; bwd128: STAGES,SLOTS")
-    ap.add_argument("--version", default="full", help="bwd128: an A/B version of experiments/ab_bwd128.py (default full)")
+    ap.add_argument("--version", default="full", help="bwd128: an A/B version (experiments/bwd128_versions.py; default full)")
     args = ap.parse_args(argv)
     import triton
 
