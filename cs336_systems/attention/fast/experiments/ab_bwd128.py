@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     settings = int_tuples(ap, "--settings", args.settings, "STAGES,SLOTS")
     if bad := [v for v in args.versions if v not in OWN_KERNELS and any(p not in VERSIONS for p in v.split("+"))]:
-        ap.error(f"--versions: unknown {bad}; choose from {list(VERSIONS)}, or join them with '+'")
+        ap.error(f"--versions: unknown {bad}; choose from {list(VERSIONS)}, or join them with '+'; or one of {list(OWN_KERNELS)}")
     (batch, heads, seq, causal), = int_tuples(ap, "--shape", [args.shape], "BATCH,HEADS,SEQ,CAUSAL")
     causal = bool(causal)
     require_gpu(ap)
