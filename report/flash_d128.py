@@ -232,7 +232,7 @@ def spills_speeds() -> pd.Series:
 
 # two designs that trade the dQ adds' shared-memory staging or L2 traffic, each at its fastest timed
 # settings against the kernel at the table's (ORDER_SETTINGS): dQ added by vector atomics from
-# registers (no staging, eight times the L2 requests), and the solo kernel (one warpgroup of 64 keys
+# registers (no staging, many more L2 requests), and the solo kernel (one warpgroup of 64 keys
 # a program, two programs an SM, as cuDNN's kernel name reads: twice the Q/dO reads and dQ adds)
 TRADE_GITS = {"atomics": "0deea3d95d21", "solo": "a014d9b69103"}
 # the add split in two ablations (no_staging: the bulk reduction alone; no_bulk: the staging alone)
@@ -398,8 +398,8 @@ register("flash", facts={
     "d128_staging_and_l2_trades_slower": lambda: all(
         len(t := trade_speeds(v)) == 4 and t.max() < 0.9 for v in TRADE_GITS),
     # without the mask each half of the add alone costs over 5% at both cells it was timed at (under
-    # it, leaving either out is slower); moving
-    # the add under other products (add_next, dk_split) is no faster than noise (2%) at any cell
+    # it, leaving either out is slower); moving the add under other products (add_next, dk_split)
+    # is no faster than noise (2%) at any cell
     "d128_add_halves_cost_moving_them_does_not_help": lambda: bool(
         len(_without_mask("no_staging")) == len(_without_mask("no_bulk")) == 2
         and min(_without_mask("no_staging").min(), _without_mask("no_bulk").min()) > 1.05
