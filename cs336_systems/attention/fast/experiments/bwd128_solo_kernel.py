@@ -1,11 +1,11 @@
 """An experiment: the head-dim-128 backward with one math warpgroup per program and two programs per
 SM (`ab_bwd128 --versions solo`), against the committed kernel's two coupled warpgroups per program.
 
-cuDNN's backward at d = 128 on the H200 is named `..._64x64x128_1x4x1_...`: 64 keys a program, one
-warpgroup. Its two programs on an SM share nothing, so one's softmax-like work runs under the
-other's products without any ping-pong; the price is twice the L2 traffic (each program re-reads Q
-and dO and adds a whole (64, 128) dQ tile per query tile, for 64 keys instead of 128). This kernel
-tests that trade with the committed kernel's per-warpgroup code:
+cuDNN's backward at d = 128 on the H200 is named `..._64x64x128_1x4x1_...`, which reads as 64 keys a
+program and one warpgroup. Two such programs on an SM share nothing, so one's softmax-like work
+runs under the other's products without any ping-pong; the price is twice the L2 traffic (each
+program re-reads Q and dO and adds a whole (64, 128) dQ tile per query tile, for 64 keys instead of
+128). This kernel tests that trade with the committed kernel's per-warpgroup code:
 
     loader (one warp): K, V of the program's 64 keys once, then Q and dO tiles of BM = 64 queries
         through a ring of STAGES slots
@@ -16,8 +16,8 @@ tests that trade with the committed kernel's per-warpgroup code:
         buffer (free once dK's and dV's products are done) and added by a TMA bulk reduction; the
         slot goes back to the loader at the next tile, once those reductions have read it
 
-Two programs fit an SM: 104 KB of shared memory each (K, V 32; two slots of Q, dO 64; dS^T 8), and
-128 registers a thread at launch (the math warpgroup takes 232 of the loader's). Triton 3.6's
+Two programs fit an SM: 104 KB of buffers each (K, V 32; two slots of Q, dO 64; dS^T 8), and 128
+registers a thread at launch, of which setmaxnreg gives the math warpgroup 232 and the loader 24. Triton 3.6's
 Gluon; grid (key blocks of 64, Z*H); contiguous bf16/fp16, head dim 128; n_q a multiple of 64.
 """
 
