@@ -239,7 +239,10 @@ def _dk_split(source: str) -> str:
 # no_bulk stages each tile in shared memory as the kernel does but issues no bulk reduction (what
 # the adds' L2 traffic costs); no_staging issues the reduction from the staging buffer as it is,
 # without the store, fence and barriers before it (what the staging costs on the warpgroup's path)
+# no_store leaves out only the staging's store (the fence, the barriers and the reduction stay):
+# whether the staging costs its shared-memory writes or its synchronisation
 BULK_ADD = "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)\n"
+STAGING_STORE = "        red.store(dq * sm_scale)\n"
 STAGING = ("        tma.store_wait(0)  # the previous tile's reduction has read the staging buffer\n"
            "        gl.thread_barrier()\n"
            "        red.store(dq * sm_scale)\n"
@@ -266,12 +269,13 @@ VERSIONS = {
     "no_reduce": "ablation: dQ's matmul, not its adds (dQ wrong)",
     "no_bulk": "ablation: dQ staged in shared memory, no bulk reduction (dQ wrong)",
     "no_staging": "ablation: the bulk reduction without the staging store, fence and barriers (dQ wrong)",
+    "no_store": "ablation: the staging without its store (fence, barriers and reduction kept; dQ wrong)",
     "dq_under_dk": "dQ's product between dV's and dK's, its adds under dK's, under either mask (the causal order)",
     "dq_after_dk": "dQ's product and adds after dV's and dK's, under either mask (the order without the mask)",
 }
 
 
-DQ_WRONG = ("no_reduce", "no_bulk", "no_staging")  # ablations whose dQ is not checked
+DQ_WRONG = ("no_reduce", "no_bulk", "no_staging", "no_store")  # ablations whose dQ is not checked
 
 
 def _guard(block: str) -> str:
@@ -288,7 +292,8 @@ def variant_source(name: str, source: str) -> str:
     needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
              "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
              "atomics": (REDUCE, RED_ALLOC, RED_PICK), "add_next": (TILES_CALL_ARGS, MATH_ZEROS, MATH_TAIL, DPT_ISSUE, HEAD_END, RETURN),
-             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,), "dk_split": (TILES_CALL_ARGS, DK_ZEROS, DK_STORE, HEAD_END, RETURN), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
+             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,),
+             "no_store": (STAGING_STORE,), "dk_split": (TILES_CALL_ARGS, DK_ZEROS, DK_STORE, HEAD_END, RETURN), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
              }.get(name, ())
@@ -320,6 +325,8 @@ def variant_source(name: str, source: str) -> str:
         return source.replace(BULK_ADD, _guard(BULK_ADD))
     if name == "no_staging":
         return source.replace(STAGING, _guard(STAGING))
+    if name == "no_store":
+        return source.replace(STAGING_STORE, _guard(STAGING_STORE))
     if name == "dk_split":
         return _dk_split(source)
     if name == "add_next":
