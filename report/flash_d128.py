@@ -254,6 +254,16 @@ def trade_speeds(version: str) -> pd.Series:
     return pd.Series(out)
 
 
+STORE_GIT = "4fc7478d3b1e"  # no_store (the staging without its store) beside no_staging, one run a cell
+
+
+def store_and_staging() -> pd.DataFrame:
+    """Per cell without the mask (rows): the kernel's ms over no_store's and no_staging's (columns)."""
+    df = where(load_results(AB, status="ok"), git=STORE_GIT, impl="gluon bwd128", stages=2, slots=2)
+    ms = df.groupby(["batch", "heads", "seq", "version"]).ms.median().unstack("version")
+    return pd.DataFrame({v: ms["full"] / ms[v] for v in ("no_store", "no_staging")})
+
+
 def _without_mask(version: str) -> pd.Series:
     t = trade_speeds(version)
     return t[[not c for (_, _, _, c) in t.index]]
@@ -371,6 +381,8 @@ register("flash", facts={
        for end, f in (("min", min), ("max", max))},
     **{f"d128_{v}_full_{end}": lambda v=v, f=f: f"{f(_without_mask(v)):.2f}" for v in ("no_staging", "no_bulk")
        for end, f in (("min", min), ("max", max))},
+    "d128_no_store_min": lambda: f"{store_and_staging()['no_store'].min():.2f}",
+    "d128_no_store_max": lambda: f"{store_and_staging()['no_store'].max():.2f}",
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
            "d128_non_causal_versions": non_causal_versions_table,
            "d128_dq_attempts": dq_attempts_table,
@@ -406,6 +418,11 @@ register("flash", facts={
         and all(t[[c for (_, _, _, c) in t.index]].max() < 1.0 for t in map(trade_speeds, ("no_staging", "no_bulk")))
         and max(trade_speeds("add_next").max(), trade_speeds("dk_split").max()) < 1.02
         and len(trade_speeds("dk_split")) == 4),
+    # leaving out only the staging's store buys over 5% at both cells, within 2% of leaving out the
+    # whole staging (fence, barriers and all)
+    "d128_staging_cost_is_its_store": lambda: bool(
+        len(t := store_and_staging()) == 2 and (t["no_store"] > 1.05).all()
+        and ((t["no_staging"] / t["no_store"] - 1).abs() < 0.02).all()),
     # rotating the tiles changed nothing beyond noise (2%) at any cell it was timed at
     "d128_rotation_no_gain": lambda: bool(((rotated_over_unrotated() - 1).abs() < 0.02).all()
                                           and len(rotated_over_unrotated()) == 3),
