@@ -382,7 +382,6 @@ register("flash", facts={
     **{f"d128_{v}_full_{end}": lambda v=v, f=f: f"{f(_without_mask(v)):.2f}" for v in ("no_staging", "no_bulk")
        for end, f in (("min", min), ("max", max))},
     "d128_no_store_min": lambda: f"{store_and_staging()['no_store'].min():.2f}",
-    "d128_no_store_max": lambda: f"{store_and_staging()['no_store'].max():.2f}",
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
            "d128_non_causal_versions": non_causal_versions_table,
            "d128_dq_attempts": dq_attempts_table,
