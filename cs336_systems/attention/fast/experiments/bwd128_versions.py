@@ -241,13 +241,12 @@ def _dk_split(source: str) -> str:
 # without the store, fence and barriers before it (what the staging costs on the warpgroup's path)
 # no_store leaves out only the staging's store (the fence, the barriers and the reduction stay):
 # whether the staging costs its shared-memory writes or its synchronisation
-BULK_ADD = "        _tma_reduce_add(dq_desc, [row_q + i * BM, 64 * W], red)\n"
+BULK_ADD = REDUCE.splitlines(keepends=True)[-1]  # the reduction's line
+STAGING = REDUCE[:-len(BULK_ADD)]  # the store_wait, store, fence and barriers before it
 STAGING_STORE = "        red.store(dq * sm_scale)\n"
-STAGING = ("        tma.store_wait(0)  # the previous tile's reduction has read the staging buffer\n"
-           "        gl.thread_barrier()\n"
-           "        red.store(dq * sm_scale)\n"
-           "        fence_async_shared()\n"
-           "        gl.thread_barrier()\n")
+# the ablations that leave one block of the kernel out (guarded by a condition never true); dQ is
+# wrong in each, so the A/B run checks only dK and dV
+LEFT_OUT = {"no_reduce": REDUCE, "no_bulk": BULK_ADD, "no_staging": STAGING, "no_store": STAGING_STORE}
 
 
 # the markers a version edits in more than one place (every other is edited exactly once)
@@ -275,7 +274,7 @@ VERSIONS = {
 }
 
 
-DQ_WRONG = ("no_reduce", "no_bulk", "no_staging", "no_store")  # ablations whose dQ is not checked
+DQ_WRONG = tuple(LEFT_OUT)  # ablations whose dQ is not checked
 
 
 def _guard(block: str) -> str:
@@ -289,14 +288,14 @@ def variant_source(name: str, source: str) -> str:
         for part in name.split("+"):
             source = variant_source(part, source)
         return source
-    needs = {"full": (), "no_reduce": (REDUCE,), "red2": (RED_ALLOC, RED_PICK),
-             "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
-             "atomics": (REDUCE, RED_ALLOC, RED_PICK), "add_next": (TILES_CALL_ARGS, MATH_ZEROS, MATH_TAIL, DPT_ISSUE, HEAD_END, RETURN),
-             "no_bulk": (BULK_ADD,), "no_staging": (STAGING,),
-             "no_store": (STAGING_STORE,), "dk_split": (TILES_CALL_ARGS, DK_ZEROS, DK_STORE, HEAD_END, RETURN), "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
+    needs = {"full": (), "red2": (RED_ALLOC, RED_PICK), "k_rs": (KV_WAIT, TILES_KV), "v_rs": (KV_WAIT, TILES_KV),
+             "atomics": (REDUCE, RED_ALLOC, RED_PICK),
+             "add_next": (TILES_CALL_ARGS, MATH_ZEROS, MATH_TAIL, DPT_ISSUE, HEAD_END, RETURN),
+             "dk_split": (TILES_CALL_ARGS, DK_ZEROS, DK_STORE, HEAD_END, RETURN),
+             "dq_under_dk": (ORDER_IF,), "dq_after_dk": (ORDER_IF,),
              "delta_early": (L_LOAD, D_LOAD), "stats_first": (L_LOAD, D_LOAD, TILE_TOP), "dv_early": (DV_MMA, DP_WAIT),
              "dq_writer": (REDUCE, BARRIERS, MATH_DEF, SPEC_ARGS, DS_FREE_ALLOC, DS_FREE_INIT, KERNEL_DEF, PARTITIONS),
-             }.get(name, ())
+             **{k: (block,) for k, block in LEFT_OUT.items()}}.get(name, ())
     for marker in needs:
         if source.count(marker) != (n := MARKER_COUNTS.get(marker, 1)):
             raise ValueError(f"ab_bwd128: kernel source has {source.count(marker)} copies of {marker.strip()[:60]!r}, not {n}")
@@ -319,14 +318,8 @@ def variant_source(name: str, source: str) -> str:
             raise ValueError("ab_bwd128: kernel source has 0 copies of the dQ add (store_wait, store, reduce)")
         return (source.replace(RED_ALLOC, RED_ALLOC.replace("[2, BM, 64]", "[4, BM, 64]"))
                 .replace(RED_PICK, "    red = red_s  # (4, BM, 64): warpgroup W's two at 2 W and 2 W + 1\n"))
-    if name == "no_reduce":
-        return source.replace(REDUCE, _guard(REDUCE))
-    if name == "no_bulk":
-        return source.replace(BULK_ADD, _guard(BULK_ADD))
-    if name == "no_staging":
-        return source.replace(STAGING, _guard(STAGING))
-    if name == "no_store":
-        return source.replace(STAGING_STORE, _guard(STAGING_STORE))
+    if name in LEFT_OUT:
+        return source.replace(LEFT_OUT[name], _guard(LEFT_OUT[name]))
     if name == "dk_split":
         return _dk_split(source)
     if name == "add_next":
