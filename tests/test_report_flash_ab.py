@@ -37,9 +37,9 @@ def test_ab_median_names_a_missing_cell(monkeypatch):
     monkeypatch.setattr(diagnostics, "ab_rows", lambda: pd.DataFrame(
         [{"variant": "a", "block_m1": 64, "block_n1": 64, "num_warps1": 4, "num_stages1": 3, "tma": True,
           "no_tail": True, "median_ms": 2.0}]))
-    assert diagnostics.ab_median("a", (64, 64, 4, 3), True, True) == 2.0
+    assert diagnostics.ab_median("a", True, True) == 2.0
     with pytest.raises(KeyError, match="no A/B row"):
-        diagnostics.ab_median("a", (64, 64, 4, 3), False, True)
+        diagnostics.ab_median("a", False, True)
 
 
 def test_onepass_ablation_steps_are_differences_of_the_chain(monkeypatch):
@@ -63,6 +63,6 @@ def test_probe_keeps_the_newest_row_and_names_a_missing_cell(monkeypatch):
                 "gbytes": 8.6, "gb_per_s": 8.6 / ms * 1e3, "status": "ok"}
     rows = pd.DataFrame([row("tma", 3.0), row("tma", 2.0)]).assign(time_utc=["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"])
     monkeypatch.setattr(diagnostics, "load_results", lambda *a, **k: rows)
-    assert diagnostics.probe_ms("tma", 64, 64) == 2.0  # a re-run replaces the cell
+    assert diagnostics.probe_ms("tma") == 2.0  # a re-run replaces the cell
     with pytest.raises(KeyError, match="no reduce_probe row"):
-        diagnostics.probe_ms("atomics", 64, 64)
+        diagnostics.probe_ms("atomics")
