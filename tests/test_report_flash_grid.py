@@ -25,8 +25,7 @@ def _rows() -> pd.DataFrame:
 @pytest.fixture
 def rows(monkeypatch):
     df = _rows()
-    monkeypatch.setattr(flash_grid, "load_results",
-                        lambda bench, status=None: df if status is None else df[df.status == status])
+    monkeypatch.setattr(flash_grid, "_read", lambda bench: df)
     return df
 
 
@@ -65,8 +64,7 @@ def test_a_remeasured_cell_counts_by_its_newest_row_and_the_rest_are_marked_earl
         git="def", time_utc="2026-12-02T00:00:00Z",
         speed_vs_cudnn=lambda d: d.speed_vs_cudnn.where(d.impl != "ours", 3.0))
     df = pd.concat([old, again], ignore_index=True)
-    monkeypatch.setattr(flash_grid, "load_results",
-                        lambda bench, status=None: df if status is None else df[df.status == status])
+    monkeypatch.setattr(flash_grid, "_read", lambda bench: df)
     assert flash_grid.newest_git() == "def"
     assert flash_grid.speeds().tolist() == [0.5, 3.0]  # 1,024 from "abc", 8,192 re-measured by "def"
     assert list(flash_grid.earlier_cells()) == [(64, "causal", "1 x 16", 1024)]
