@@ -88,10 +88,10 @@ def test_sweep_keeps_the_newest_timing_of_a_cell(sweep_rows):
 
 def test_sweep_tables_mark_what_did_not_run(sweep_rows):
     assert "n/a" in flash_sweep.sweep_table("fp32", "fwd")
-    assert flash_sweep.speed_vs_cudnn(64, "fwd") == pytest.approx(2.0)
-    assert "| 64 | 2.00 | 2.00 | 2.00 |" in flash_sweep.vs_cudnn_table()
+    assert flash_sweep.speed_vs("sdpa", 64, "fwd") == pytest.approx(2.0)
+    assert "| 64 | 2.00 | 2.00 | 2.00 |" in flash_sweep.vs_table("sdpa", "bf16")
     with pytest.raises(KeyError, match="no measured sweep cell"):
-        flash_sweep.speed_vs_cudnn(64, "fwd", seq=128)
+        flash_sweep.speed_vs("sdpa", 64, "fwd", seq=128)
 
 
 def test_sweep_figure_has_a_panel_per_mode_and_dim(sweep_rows):
