@@ -1,5 +1,5 @@
-"""The collectives chapter's numbers (docs/collectives.md): the all-reduce benchmark's rows as tables,
-a figure, the latency-bandwidth fits, facts and claims.
+"""The collectives chapter's numbers (docs/collectives.md): the all-reduce benchmark's rows, the
+latency-bandwidth fits, facts and claims.
 
 A "kind" is backend and tensor device together (`nccl+cuda`, `gloo+cuda`, `gloo+cpu`): a GPU host's
 file holds gloo on CPU tensors and on CUDA tensors, so the backend alone does not pick a row.
@@ -15,7 +15,7 @@ from cs336_systems.distributed.bucket_model import fit_latency_bandwidth
 from cs336_systems.distributed.collectives_bench import BENCH, KEY
 from report.figures import plt
 from report.registry import register
-from report.results import CPU, GPU, load_results, markdown_table, newest, source, with_source
+from report.results import CPU, GPU, load_results, markdown_table, newest, source, where, with_source
 
 PROBE_MB, GB_MB = 4 / 1024, 1024  # the 4 KB latency probe and the 1 GB cell, in MiB
 # NVLink on an H200 SXM: 900 GB/s in both directions together, so 450 GB/s each way
@@ -29,10 +29,8 @@ def all_reduce_rows(device: str = CPU) -> pd.DataFrame:
     return df.assign(kind=df["backend"] + "+" + df["device_type"])
 
 
-def ok_rows(device: str, kind: str, ranks: int) -> pd.DataFrame:
-    """The cells of one kind at one rank count that ran."""
-    df = all_reduce_rows(device)
-    return df[(df["status"] == "ok") & (df["kind"] == kind) & (df["world_size"] == ranks)]
+# the cells of one kind at one rank count that ran
+ok_rows = lambda device, kind, ranks: where(all_reduce_rows(device), status="ok", kind=kind, world_size=ranks)
 
 
 def cell(device: str, kind: str, ranks: int, size_mb: float) -> pd.Series:
@@ -44,19 +42,9 @@ def cell(device: str, kind: str, ranks: int, size_mb: float) -> pd.Series:
     return hit.iloc[-1]
 
 
-def kind_label(kind: str) -> str:
-    """nccl+cuda -> nccl+CUDA (the tables' spelling)."""
-    backend, device_type = kind.split("+")
-    return f"{backend}+{device_type.upper()}"
-
-
-def human_size(size_mb: float) -> str:
-    """4 KB, 1 MB, 1 GB (binary units, as the benchmark sizes them)."""
-    if size_mb >= 1024:
-        return f"{size_mb / 1024:g} GB"
-    if size_mb >= 1:
-        return f"{size_mb:g} MB"
-    return f"{size_mb * 1024:g} KB"
+# nccl+cuda -> nccl+CUDA (the tables' spelling); 4 KB, 1 MB, 1 GB (binary units, as the benchmark sizes them)
+kind_label = lambda kind: kind.replace("cuda", "CUDA").replace("cpu", "CPU")
+human_size = lambda mb: f"{mb / 1024:g} GB" if mb >= 1024 else f"{mb:g} MB" if mb >= 1 else f"{mb * 1024:g} KB"
 
 
 def all_reduce_table(device: str = CPU) -> str:
@@ -96,7 +84,8 @@ def fit(device: str, kind: str, ranks: int) -> tuple[float, float]:
     """(o seconds, w bytes/s) of t = o + bytes/w, fitted to one kind's cells at one rank count."""
     rows = ok_rows(device, kind, ranks)
     if rows.empty:
-        raise ValueError(f"no all-reduce rows for {kind} on {ranks} ranks in {source(BENCH, device)}: cannot fit o and w")
+        raise ValueError(f"no all-reduce rows for {kind} on {ranks} ranks in {source(BENCH, device)}: "
+                         "cannot fit o and w")
     return _fit(rows)
 
 
@@ -129,32 +118,14 @@ def fits_table(device: str = CPU) -> str:
 
 knee_mb = lambda device, kind, ranks=2: math.prod(fit(device, kind, ranks)) / 2**20
 _t = lambda device, kind, n, mb, column="time_ms": float(cell(device, kind, n, mb)[column])
-# the cells the page quotes: (device, kind, ranks) of the GPU host's three kinds, and the CPU's gloo
+# the kinds the page compares: (device, kind, ranks) of the GPU host's three kinds, and the CPU's gloo
 NCCL, GLOO_CUDA, GLOO_CPU = (GPU, "nccl+cuda", 2), (GPU, "gloo+cuda", 2), (GPU, "gloo+cpu", 2)
 CPU2, CPU4, CPU6 = ((CPU, "gloo+cpu", n) for n in (2, 4, 6))
-# name: ((device, kind, ranks), size MB, column, scale, format)
-_CELLS = {
-    "nccl_1gb_ms": (NCCL, GB_MB, "time_ms", 1, ".1f"), "nccl_1gb_busbw": (NCCL, GB_MB, "busbw_gbps", 1, ".0f"),
-    "nccl_4kb_us": (NCCL, PROBE_MB, "time_ms", 1e3, ".0f"), "nccl_4kb_std_us": (NCCL, PROBE_MB, "time_ms_std", 1e3, ".0f"),
-    "nccl_1mb_us": (NCCL, 1, "time_ms", 1e3, ".0f"), "nccl_1mb_std_us": (NCCL, 1, "time_ms_std", 1e3, ".0f"),
-    "nccl_1mb_busbw": (NCCL, 1, "busbw_gbps", 1, ".0f"), "nccl_10mb_busbw": (NCCL, 10, "busbw_gbps", 1, ".0f"),
-    "nccl_100mb_busbw": (NCCL, 100, "busbw_gbps", 1, ".0f"),
-    "gloo_cuda_1gb_ms": (GLOO_CUDA, GB_MB, "time_ms", 1, ".0f"), "gloo_cuda_1gb_busbw": (GLOO_CUDA, GB_MB, "busbw_gbps", 1, ".2f"),
-    "gloo_cpu_1gb_busbw": (GLOO_CPU, GB_MB, "busbw_gbps", 1, ".2f"),
-    "gloo_cuda_1mb_ms": (GLOO_CUDA, 1, "time_ms", 1, ".2f"), "gloo_cpu_1mb_ms": (GLOO_CPU, 1, "time_ms", 1, ".2f"),
-    "cpu_4kb_ms_2": (CPU2, PROBE_MB, "time_ms", 1, ".2f"), "cpu_4kb_ms_4": (CPU4, PROBE_MB, "time_ms", 1, ".1f"),
-    "cpu_4kb_ms_6": (CPU6, PROBE_MB, "time_ms", 1, ".1f"), "cpu_1mb_busbw_2": (CPU2, 1, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_2": (CPU2, GB_MB, "busbw_gbps", 1, ".2f"), "cpu_1gb_busbw_4": (CPU4, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_busbw_6": (CPU6, GB_MB, "busbw_gbps", 1, ".2f"),
-    "cpu_1gb_ms_4": (CPU4, GB_MB, "time_ms", 1, ".0f"), "cpu_1gb_std_4": (CPU4, GB_MB, "time_ms_std", 1, ".0f"),
-    "cpu_1gb_ms_6": (CPU6, GB_MB, "time_ms", 1, ".0f"), "cpu_1gb_std_6": (CPU6, GB_MB, "time_ms_std", 1, ".0f"),
-    "cpu_6x1gb_rss_gib": (CPU6, GB_MB, "peak_rss_mb_max_rank", 1 / 1024, ".2f"),
-}
 cpu_1mb_to_1gb_growth = lambda: _t(*CPU2, GB_MB) / _t(*CPU2, 1)
 
 
 def _cpu_six_ahead_of_four_by_scheduling() -> bool:
-    """6 ranks ahead of 4 at 1 GB, by a little more than the standard deviations added (under twice)."""
+    """2 ranks ahead at 1 GB; 6 ahead of 4, by a little more than the standard deviations added (under twice)."""
     bw = {n: _t(CPU, "gloo+cpu", n, GB_MB, "busbw_gbps") for n in (2, 4, 6)}
     gap = _t(*CPU4, GB_MB) - _t(*CPU6, GB_MB)
     stds = _t(*CPU4, GB_MB, "time_ms_std") + _t(*CPU6, GB_MB, "time_ms_std")
@@ -162,14 +133,19 @@ def _cpu_six_ahead_of_four_by_scheduling() -> bool:
 
 
 register("collectives", facts={
-    **{name: (lambda c=c, mb=mb, col=col, x=x, f=f: format(_t(*c, mb, col) * x, f)) for name, (c, mb, col, x, f) in _CELLS.items()},
+    "nccl_1gb_ms": lambda: f"{_t(*NCCL, GB_MB):.1f}",
+    "nccl_1gb_busbw": lambda: f"{_t(*NCCL, GB_MB, 'busbw_gbps'):.0f}",
     "nccl_1gb_nvlink_share": lambda: f"{_t(*NCCL, GB_MB, 'busbw_gbps') / NVLINK_GBPS_PER_DIRECTION:.0%}",
+    "nccl_4kb_us": lambda: f"{_t(*NCCL, PROBE_MB) * 1e3:.0f}",
+    "gloo_cuda_1gb_ms": lambda: f"{_t(*GLOO_CUDA, GB_MB):.0f}",
     "nccl_vs_gloo_1gb": lambda: f"{_t(*GLOO_CUDA, GB_MB) / _t(*NCCL, GB_MB):.0f}",
+    "cpu_4kb_ms_2": lambda: f"{_t(*CPU2, PROBE_MB):.2f}",
+    "cpu_4kb_ms_6": lambda: f"{_t(*CPU6, PROBE_MB):.1f}",
+    "cpu_6x1gb_rss_gib": lambda: f"{_t(*CPU6, GB_MB, 'peak_rss_mb_max_rank') / 1024:.2f}",
     "cpu_6x1gb_all_ranks_gib": lambda: f"{6 * _t(*CPU6, GB_MB, 'peak_rss_mb_max_rank') / 1024:.1f}",
     "cpu_1mb_to_1gb_growth": lambda: f"{cpu_1mb_to_1gb_growth():.0f}",
     "nccl_knee_mb": lambda: f"{knee_mb(GPU, 'nccl+cuda'):.0f}",
     "gloo_cuda_knee_mb": lambda: f"{knee_mb(GPU, 'gloo+cuda'):.1f}",
-    "cpu_knee_mb": lambda: f"{knee_mb(CPU, 'gloo+cpu'):.2f}",
     "cpu_o_ms": lambda: f"{fit(*CPU2)[0] * 1e3:.2f}",
     "cpu_w_gbps": lambda: f"{fit(*CPU2)[1] / 1e9:.2f}",
     "nccl_o_smaller": lambda: f"{fit(*GLOO_CUDA)[0] / fit(*NCCL)[0]:.0f}",
@@ -185,12 +161,14 @@ register("collectives", facts={
     "more_ranks_hurt_small_messages": lambda: _t(*CPU2, PROBE_MB) < _t(*CPU4, PROBE_MB) < _t(*CPU6, PROBE_MB),
     "nccl_small_calls_cost_their_fixed_cost": lambda: abs(_t(*NCCL, 1) - _t(*NCCL, PROBE_MB))
     < _t(*NCCL, 1, "time_ms_std") + _t(*NCCL, PROBE_MB, "time_ms_std"),
-    "nccl_bandwidth_climbs_to_100_mb": lambda: (lambda bw: bw == sorted(bw))([_t(*NCCL, mb, "busbw_gbps") for mb in (1, 10, 100, GB_MB)]),
+    "nccl_bandwidth_climbs_to_100_mb": lambda: pd.Series([_t(*NCCL, mb, "busbw_gbps") for mb in (1, 10, 100, GB_MB)])
+    .is_monotonic_increasing,
     # the same: within 10%
     "gloo_cuda_like_cpu_at_1_gb": lambda: abs(_t(*GLOO_CUDA, GB_MB) / _t(*GLOO_CPU, GB_MB) - 1) < 0.1,
     "gloo_cuda_copies_show_at_1_mb": lambda: _t(*GLOO_CUDA, 1) > _t(*GLOO_CPU, 1),
     "six_rank_1_gb_cell_ran": lambda: _t(*CPU6, GB_MB) > 0,  # cell() raises unless the row is ok
-    "cpu_knee_below_1_mb": lambda: knee_mb(CPU, "gloo+cpu") < 1 and _t(*CPU2, 1, "busbw_gbps") < _t(*CPU2, GB_MB, "busbw_gbps"),
+    "cpu_knee_below_1_mb": lambda: knee_mb(CPU, "gloo+cpu") < 1
+    and _t(*CPU2, 1, "busbw_gbps") < _t(*CPU2, GB_MB, "busbw_gbps"),
     "cpu_growth_less_than_linear": lambda: cpu_1mb_to_1gb_growth() < 1024,
     "cpu_six_ahead_of_four_by_scheduling": _cpu_six_ahead_of_four_by_scheduling,
     "only_two_gpus_measured": lambda: set(all_reduce_rows(GPU).query("status == 'ok'")["world_size"]) == {2},

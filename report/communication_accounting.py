@@ -1,7 +1,6 @@
-"""The communication-accounting chapter's numbers (docs/communication-accounting.md), computed at
-build time: nothing here is measured. Every number comes from the formulas in
-cs336_systems/sharding/communication_accounting.py; this module lays them out, and the claims
-recompute them by hand (float64) from the problem's text.
+"""The communication-accounting chapter's numbers (docs/communication-accounting.md): nothing here is
+measured. The formulas of cs336_systems/sharding/communication_accounting.py give every number; the
+claims recompute them by hand (float64) from the problem's text.
 """
 
 from __future__ import annotations
@@ -39,32 +38,28 @@ def n_fsdp_table(tokens=(0, 1024, 2048, 4096, 8192)) -> str:
         n = ca.n_fsdp_required(CFG, ca.TPU_V5P, t)
         rows.append({"tokens whose activations are held": f"{t:,}", "N_FSDP": n,
                      "GB per device at N_FSDP": ca.fsdp_bytes_per_device(CFG, n, t) / GB,
-                     "GB per device at N_FSDP - 1": ca.fsdp_bytes_per_device(CFG, n - 1, t) / GB if n > 1 else math.nan})
+                     "GB per device at N_FSDP - 1": ca.fsdp_bytes_per_device(CFG, n - 1, t) / GB if n > 1
+                     else math.nan})
     return markdown_table(pd.DataFrame(rows), floatfmt=".1f")
 
 
 def compute_bound_table() -> str:
-    rows = []
-    for overlap in (True, False):
-        s = summary(overlap)
-        rows.append({"assumption": "comms overlap (the book)" if overlap else "comms add up",
-                     "B/N threshold": s["per_device_exact"], "per-device batch (tokens)": s["per_device_tokens"],
-                     "global batch B (tokens)": s["global_batch_tokens"], "T_math (ms)": s["t_math_s"] * 1e3,
-                     "T_FSDP (ms)": s["t_fsdp_s"] * 1e3, "T_TP (ms)": s["t_tp_s"] * 1e3})
-    return markdown_table(pd.DataFrame(rows), floatfmt=".4g")
+    s = pd.DataFrame([summary(True), summary(False)])
+    return markdown_table(pd.DataFrame({
+        "assumption": ["comms overlap (the book)", "comms add up"], "B/N threshold": s["per_device_exact"],
+        "per-device batch (tokens)": s["per_device_tokens"], "global batch B (tokens)": s["global_batch_tokens"],
+        "T_math (ms)": s["t_math_s"] * 1e3, "T_FSDP (ms)": s["t_fsdp_s"] * 1e3, "T_TP (ms)": s["t_tp_s"] * 1e3,
+    }), floatfmt=".4g")
 
 
 def batch_reduction_table() -> str:
     """Part (d): how the compute-bound global batch moves with the levers that change the formula."""
     fp8, tp8 = dataclasses.replace(CFG, comm_bytes=1), ca.Mesh(X=8, Y=8)
-    options = [("the setting of part (c)", CFG, ca.Mesh()), ("fp8 weight all-gathers (b = 1 byte)", fp8, ca.Mesh()),
-               ("more tensor parallelism: X = 8, Y = 8", CFG, tp8), ("fp8 gathers and X = 8, Y = 8", fp8, tp8)]
-    rows = []
-    for name, cfg, mesh in options:
-        s = ca.compute_bound_summary(cfg, ca.TPU_V5P, mesh)
-        rows.append({"lever": name, "per-device batch (tokens)": s["per_device_tokens"],
-                     "global batch B (tokens)": s["global_batch_tokens"]})
-    return markdown_table(pd.DataFrame(rows))
+    options = {"the setting of part (c)": (CFG, MESH), "fp8 weight all-gathers (b = 1 byte)": (fp8, MESH),
+               "more tensor parallelism: X = 8, Y = 8": (CFG, tp8), "fp8 gathers and X = 8, Y = 8": (fp8, tp8)}
+    s = pd.DataFrame([ca.compute_bound_summary(cfg, ca.TPU_V5P, mesh) for cfg, mesh in options.values()])
+    return markdown_table(pd.DataFrame({"lever": list(options), "per-device batch (tokens)": s["per_device_tokens"],
+                                        "global batch B (tokens)": s["global_batch_tokens"]}))
 
 
 def _state_is_several_dozen_h100s() -> bool:
@@ -77,14 +72,14 @@ def _state_is_several_dozen_h100s() -> bool:
 def _tp_hides_at_any_batch() -> bool:
     """Y below F M_Y / alpha; the per-device batch the first whole token at or above alpha / (Y M_X)."""
     alpha = 4.6e14 / 1.8e11  # C / W_ici of a TPU v5p, as the page states them
-    return MESH.Y < CFG.d_ff * MESH.M_Y / alpha and summary()["per_device_tokens"] == math.ceil(alpha / (MESH.Y * MESH.M_X))
+    per_device = math.ceil(alpha / (MESH.Y * MESH.M_X))
+    return MESH.Y < CFG.d_ff * MESH.M_Y / alpha and summary()["per_device_tokens"] == per_device
 
 
 register("comm_accounting", facts={
     "params": lambda: f"{ca.n_params(CFG):,}",
     "state_tb": lambda: f"{ca.state_bytes(CFG) / 1e12:.2f}",
     "h100s": lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)}",
-    "h100s_gib": lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.Accelerator('80 GiB', 80 * 2**30))}",
     "act_mb_per_token": lambda: f"{ca.activation_bytes_per_token(CFG) / 1e6:.1f}",
     "v5p_gb": lambda: f"{ca.TPU_V5P.memory_bytes / GB:.0f}",
     "n_fsdp_state": lambda: f"{ca.n_fsdp_required(CFG, ca.TPU_V5P)}",
@@ -106,6 +101,7 @@ register("comm_accounting", facts={
     "n_fsdp_is_tight": lambda: ca.fsdp_bytes_per_device(CFG, ca.n_fsdp_required(CFG, ca.TPU_V5P)) <= 95e9
     < ca.fsdp_bytes_per_device(CFG, ca.n_fsdp_required(CFG, ca.TPU_V5P) - 1),
     # one division: equal to rounding
-    "activations_overflow_past_a_token_count": lambda: abs(ca.activation_bytes_per_token(CFG) * tokens_until_overflow() / 2 / 95e9 - 1) < 1e-12,
+    "activations_overflow_past_a_token_count": lambda: abs(ca.activation_bytes_per_token(CFG) * tokens_until_overflow()
+                                                           / 2 / 95e9 - 1) < 1e-12,
     "tensor_parallelism_hides_at_any_batch": _tp_hides_at_any_batch,
 })
