@@ -1,7 +1,6 @@
-"""The flash chapter's leaderboard (the course's case: batch 16 with the heads folded in, 16,384
-positions, d = 64, bf16, causal). `just bench flash-leaderboard` writes one row per (run,
-implementation, mode); the chapter quotes the *headline run*, the newest that timed every
-implementation at the course's 10 s. Also the helpers the other flash modules share.
+"""The flash chapter's leaderboard (batch 16 with the heads folded in, 16,384 positions, d = 64, bf16,
+causal): one row per (run, implementation, mode); the chapter quotes the *headline run*, the newest
+that timed every implementation at the course's 10 s. Also the helpers the other flash modules share.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import pandas as pd
 
 from cs336_systems.bench.store import REPO_ROOT
 from report import gpu_tests
-from report.figures import new_figure
 from report.registry import register
 from report.results import load_results, where, with_source
 
@@ -23,9 +21,8 @@ IMPL_NAMES = {"ours": "ours", "cudnn": "SDPA cuDNN", "flash": "SDPA flash (FA2 C
               "flex": "flex_attention", "naive": "naive, torch.compile"}
 MODE_WORDS = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward+backward"}
 ALL_TRITON, ALL_GLUON = "Triton forward, Triton backward", "Gluon forward, Gluon backward"
-# Which of our kernels each leaderboard run timed at the leaderboard key: what the tuned table held
-# when that run was made (the commit messages of the results say so). A new run must be added here;
-# the claim flash.every_run_names_its_kernels fails until it is.
+# Which of our kernels each run timed at the leaderboard key (the tuned table then, as the results'
+# commit messages say). A new run must be added here: flash.every_run_names_its_kernels fails until it is.
 KERNELS_BY_GIT = {
     **dict.fromkeys(["a8e302062c11", "11a4e5b4cfd9", "20201d038c9c", "df107f57b502", "ea5a58f90003",
                      "fa876024134e", "793db780cbec", "ad91fb53dbbf"], ALL_TRITON),
@@ -49,19 +46,12 @@ def round_stats(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                                                 max_ms=("ms", "max"), rounds=("ms", "size"))
 
 
-def low_high(name: str, values, fmt: str = ".2f") -> dict:
-    """Two facts: `name` with {} as "min" and as "max", the smallest and the largest of values()."""
-    return {name.format("min"): lambda: format(values().min(), fmt),
-            name.format("max"): lambda: format(values().max(), fmt)}
-
-
 def leaderboard_rows() -> pd.DataFrame:
     return load_results(LB_BENCH, status="ok")
 
 
 def headline_run(df: pd.DataFrame) -> str:
-    """The newest run that timed every implementation at the course's rep (10 s), else the newest run
-    that timed every implementation, else the newest run."""
+    """The newest run of every implementation at the course's 10 s, else the newest complete run, else the newest."""
     complete = [run for run, g in df.groupby("run") if set(IMPL_NAMES) <= set(g.impl)]
     full_rep = [run for run in complete if (df[df.run == run].rep_ms >= 10000).all()]
     return max(full_rep or complete or list(df.run))
@@ -72,10 +62,10 @@ def headline_rows() -> pd.DataFrame:
     return df[df.run == headline_run(df)]
 
 
-def per_run(mode: str, col: str = "mean_ms") -> pd.DataFrame:
-    """run -> one column per implementation (runs in time order), plus `git` and `kernels`."""
+def per_run(mode: str) -> pd.DataFrame:
+    """run -> mean ms, one column per implementation (runs in time order), plus `git` and `kernels`."""
     df = leaderboard_rows()
-    t = df[df["mode"] == mode].pivot_table(index="run", columns="impl", values=col)
+    t = where(df, mode=mode).pivot_table(index="run", columns="impl", values="mean_ms")
     git = df.groupby("run").git.first()
     return t.assign(git=git, kernels=git.map(KERNELS_BY_GIT)).sort_index()
 
@@ -87,12 +77,10 @@ def run_speedups() -> pd.Series:
 
 
 def speed(mode: str = "fwd_bwd", run: str | None = None) -> float:
-    """cuDNN's time over ours in a run (the headline run by default)."""
     return lb("cudnn", mode, run=run) / lb("ours", mode, run=run)
 
 
 def lb(impl: str, mode: str, col: str = "mean_ms", run: str | None = None) -> float:
-    """One number of a run (the headline run by default)."""
     df = leaderboard_rows()
     run = run or headline_run(df)
     return first_value(where(df, run=run, impl=impl, mode=mode), col,
@@ -100,12 +88,10 @@ def lb(impl: str, mode: str, col: str = "mean_ms", run: str | None = None) -> fl
 
 
 def backward_ms(impl: str, run: str | None = None) -> float:
-    """Forward+backward minus forward: the backward's share of the step, mean ms."""
     return lb(impl, "fwd_bwd", run=run) - lb(impl, "fwd", run=run)
 
 
 def fwd_margin() -> float:
-    """How far our forward is from cuDNN's in the headline run, as a fraction of cuDNN's."""
     return abs(lb("ours", "fwd") / lb("cudnn", "fwd") - 1)
 
 
@@ -115,14 +101,13 @@ def cudnn_fwd_spread() -> float:
     return cudnn.max() / cudnn.min() - 1
 
 
-def best_run(kernels: str = ALL_TRITON) -> str:
-    """The run whose forward+backward was fastest among the runs of these kernels."""
+def best_run() -> str:
+    """The fastest forward+backward run of the course's kernels alone (Triton forward and backward)."""
     t = per_run("fwd_bwd")
-    return str(t[t.kernels == kernels].ours.idxmin())
+    return str(t[t.kernels == ALL_TRITON].ours.idxmin())
 
 
 def runs_with_forward(kernel: str) -> pd.DataFrame:
-    """per_run("fwd") of the runs whose forward was `kernel`'s (Triton or Gluon)."""
     t = per_run("fwd")
     return t[t.kernels.str.startswith(f"{kernel} forward")]
 
@@ -134,12 +119,10 @@ def in_words(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def leaderboard_table() -> str:
-    """The headline run: every implementation, both modes."""
     run = in_words(headline_rows())
     names = {"mean_ms": "mean ms", "median_ms": "median ms", "tflops": "TFLOP/s", "speed_vs_cudnn": "speed vs cuDNN"}
     shown = run[["mode", "implementation", *names]].rename(columns=names)
-    return with_source(shown, LB_BENCH, run, formats={"mean ms": ".3f", "median ms": ".3f", "TFLOP/s": ".0f",
-                                                      "speed vs cuDNN": ".3f"})
+    return with_source(shown, LB_BENCH, run, floatfmt=".3f", formats={"TFLOP/s": ".0f"})
 
 
 def history_table() -> str:
@@ -151,40 +134,14 @@ def history_table() -> str:
         "ours fwd+bwd ms": fb.ours, "cuDNN fwd+bwd ms": fb.cudnn, "speed vs cuDNN": fb.cudnn / fb.ours,
         "ours fwd ms": fw.ours, "cuDNN fwd ms": fw.cudnn, "fwd speed vs cuDNN": fw.cudnn / fw.ours,
         "rep s": rep.reindex(fb.index)})
-    return with_source(shown, LB_BENCH, formats={c: ".3f" for c in shown.columns if "ms" in c or "speed" in c}
-                       | {"rep s": "g"})
-
-
-def leaderboard_figure():
-    """The headline run as bars: mean ms per implementation, forward+backward and forward."""
-    run = headline_rows()
-    impls = [i for i in IMPL_NAMES if i in set(run.impl)]
-    fig, ax = new_figure(6.5, 2.8)
-    width = 0.38
-    for j, mode in enumerate(("fwd_bwd", "fwd")):
-        ms = [float(where(run, impl=i, mode=mode).mean_ms.min()) for i in impls]
-        ys = [y + j * width for y in range(len(impls))]
-        ax.barh(ys, ms, height=width, label=MODE_WORDS[mode])
-        for y, value in zip(ys, ms):
-            ax.annotate(f"{value:.2f}", (value, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-    ax.set_yticks([y + width / 2 for y in range(len(impls))], [IMPL_NAMES[i] for i in impls])
-    ax.set_xscale("log")
-    ax.set_xlim(right=ax.get_xlim()[1] * 1.3)
-    ax.set_xlabel(f"ms, do_bench mean over {run.rep_ms.iloc[0] / 1000:g} s (lower is better); run {run.run.iloc[0]}")
-    ax.invert_yaxis()
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    return fig
+    return with_source(shown, LB_BENCH, floatfmt=".3f", formats={"rep s": "g"})
 
 
 def gpu_test_summary(log: str) -> str:
-    """pytest's last summary line in a committed GPU test log written without -v (the newest runs'
-    per-test outcomes are report/gpu_tests')."""
+    """pytest's outcomes in a GPU test log written without -v (report/gpu_tests reads the -v ones)."""
     text = (REPO_ROOT / "results" / "attention" / "flash_gpu_tests" / log).read_text()
     summary = [line.strip("= \n") for line in text.splitlines() if re.search(r"\d+ (passed|failed)", line)]
-    # "471 passed, 26 skipped, 163 warnings in 233.29s (0:03:53)" -> "471 passed, 26 skipped":
-    # the outcomes; warnings and wall time say nothing about them
+    # "471 passed, 26 skipped, 163 warnings in 233.29s (0:03:53)" -> "471 passed, 26 skipped"
     return re.sub(r"(, \d+ warnings?)? in [\d.]+s.*$", "", summary[-1])
 
 
@@ -199,12 +156,7 @@ FACTS = {
     "lb_fwd_gap_us": lambda: f'{abs(lb("ours", "fwd") - lb("cudnn", "fwd")) * 1e3:.0f}',
     "lb_err_max": lambda: f'{max(lb("ours", "fwd_bwd", f"rel_err_{g}") for g in ERRORS):.1e}',
     "lb_runs": lambda: len(per_run("fwd_bwd")),
-    "lb_runs_ahead": lambda: int((run_speedups() >= 1).sum()),
-    "lb_first_ms": lambda: f'{per_run("fwd_bwd").ours.iloc[0]:.3f}',
     "lb_first_speedup": lambda: f"{run_speedups().iloc[0]:.3f}",
-    # the fastest run of the course's kernels alone (Triton forward and backward)
-    "lb_triton_run": best_run,
-    "lb_triton_git": lambda: per_run("fwd_bwd").git[best_run()],
     "lb_triton_speedup": lambda: f"{speed(run=best_run()):.3f}",
     "lb_triton_bwd_ms": lambda: f'{backward_ms("ours", best_run()):.3f}',
     "lb_triton_cudnn_bwd_ms": lambda: f'{backward_ms("cudnn", best_run()):.3f}',
@@ -213,11 +165,10 @@ FACTS = {
     "lb_tfwd_cudnn_ms": lambda: f'{lb("cudnn", "fwd", run=runs_with_forward("Triton").index.max()):.3f}',
     "lb_fwd_margin_pct": lambda: f"{fwd_margin():.1%}",
     "lb_cudnn_fwd_spread_pct": lambda: f"{cudnn_fwd_spread():.1%}",
-    **low_high("lb_cudnn_fwd_{}_ms", lambda: per_run("fwd").cudnn, ".3f"),
     "gpu_tests": lambda: "{PASSED} passed, {SKIPPED} skipped".format(**gpu_tests.counts()),
     "gpu_tests_git": lambda: gpu_tests.log_git(gpu_tests.NEWEST_RUNS[0]),  # the whole set's
-    "gpu_tests_log": lambda: ", with the tests its time limit cut run in ".join(  # paths as code
-        f"`{(gpu_tests.LOG_DIR / log).relative_to(REPO_ROOT)}`" for log in gpu_tests.NEWEST_RUNS),
+    "gpu_tests_log": lambda: ", ".join(f"`{(gpu_tests.LOG_DIR / log).relative_to(REPO_ROOT)}`"
+                                       for log in gpu_tests.NEWEST_RUNS),
     "gpu_tests_gluon": lambda: gpu_test_summary(GLUON_LOG),
 }
 
@@ -236,8 +187,7 @@ def _gpu_logs_pass() -> bool:
             and "failed" not in gluon)
 
 
-register("flash", facts=FACTS, tables={"leaderboard": leaderboard_table, "history": history_table},
-         figures={"leaderboard": leaderboard_figure}, claims={
+register("flash", facts=FACTS, tables={"leaderboard": leaderboard_table, "history": history_table}, claims={
     "every_run_names_its_kernels": lambda: set(leaderboard_rows().git) <= set(KERNELS_BY_GIT),
     "ours_at_least_cudnns_speed": lambda: speed() > 1 and speed("fwd") >= 1,
     "headline_run_is_all_gluon": lambda: per_run("fwd_bwd").kernels[headline_run(leaderboard_rows())] == ALL_GLUON,
@@ -247,8 +197,7 @@ register("flash", facts=FACTS, tables={"leaderboard": leaderboard_table, "histor
     "forwards_are_level": lambda: fwd_margin() < cudnn_fwd_spread() < 0.03,
     "runs_at_cudnns_speed_are_newest_and_gluon": _runs_ahead_are_newest_and_gluon,
     "we_pass_the_others": lambda: all(lb("ours", "fwd_bwd") < lb(i, "fwd_bwd") for i in ("flash", "flex", "naive")),
-    # bf16 keeps 8 significant bits: one rounding is up to 2^-8 relative, two kernels that each round
-    # their outputs once differ by at most about twice that
+    # bf16 keeps 8 significant bits: two kernels that each round once differ by up to about 2 * 2^-8 relative
     "errors_are_bf16_rounding": lambda: all(lb("ours", "fwd_bwd", f"rel_err_{g}") < 2 * 2**-8 for g in ERRORS),
     "gpu_tests_pass": _gpu_logs_pass,
     # the predictions written before the first run: forward about 1.5 ms, forward+backward 6.5 ms

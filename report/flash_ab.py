@@ -1,7 +1,5 @@
-"""The experiments behind "Going faster than cuDNN", from committed results: the dK/dV A/B runs
-(`ab_dkdv`), the one-pass kernel's ablations (`ab_onepass`) and its dQ adds alone (`reduce_probe`),
-the host's time per call (`host_overhead`) and the GPU clocks during the leaderboard runs
-(`nvidia-smi` samples beside one run; later runs record them in their rows)."""
+"""The experiments behind "Going faster than cuDNN": dK/dV A/B runs, the one-pass kernel's ablations and its
+dQ adds alone, the host's time per call and the GPU clocks during the leaderboard runs."""
 
 from __future__ import annotations
 
@@ -20,9 +18,7 @@ ONEPASS_AB_BENCH = "attention/onepass_ab"
 PROBE_BENCH = "attention/reduce_probe"
 HOST_BENCH = "attention/host_overhead"
 CLOCKS_DIR = Path("results/attention/clocks")  # nvidia-h200-<start UTC>.csv, one per sampled run
-# What each A/B version was. The files were made for that run (not committed as copies): `old` is
-# flash_bwd_kernel.py at git 20201d038c9c, `fixeddiag` the file at d0f7cc500f96, `rtdiag` that
-# file with the diagonal loop's end put back to min(end of the diagonal, n_queries).
+# What each A/B version was (`rtdiag`: the file at d0f7cc500f96, diagonal loop ending at min(its end, n_queries)).
 AB_VERSIONS = {
     "old": "as timed at git 20201d038c9c (before the dP reordering and TMA)",
     "fixeddiag": "TMA option, diagonal loop with a fixed trip count (git d0f7cc500f96)",
@@ -44,7 +40,6 @@ def _tiles_words(g: pd.DataFrame, first: str, second: str) -> list[str]:
 
 
 def ab_rows() -> pd.DataFrame:
-    """Median and spread over the interleaved rounds, one row per (version, tiling, loads, tail)."""
     keys = ["run", "variant", "block_m1", "block_n1", "num_warps1", "num_stages1", "tma", "no_tail"]
     return round_stats(load_results(AB_BENCH, status="ok"), keys).sort_values("median_ms")
 
@@ -61,13 +56,11 @@ def ab_table() -> str:
 
 
 def ab_median(variant: str, tma: bool, no_tail: bool) -> float:
-    """An A/B version's median at the tuned tiling."""
     return first_value(where(ab_rows(), variant=variant, **TILED, tma=tma, no_tail=no_tail), "median_ms",
                        f"no A/B row for {variant} tma={tma} no_tail={no_tail}")
 
 
 def onepass_ab_rows() -> pd.DataFrame:
-    """Median over the interleaved rounds of the latest ablation run, one row per (version, tiling, loads)."""
     df = load_results(ONEPASS_AB_BENCH, status="ok")
     keys = ["run", "variant", "block_m1", "block_n1", "num_warps1", "num_stages1", "tma"]
     return round_stats(df[df.run == df.run.max()], keys)
@@ -99,7 +92,6 @@ def add_ms(tiles: dict = TILED, tma: bool = True) -> float:
 
 
 def probe_rows() -> pd.DataFrame:
-    """The newest row of each (mode, tiles, shape) cell of `reduce_probe`."""
     return newest(load_results(PROBE_BENCH, status="ok"), ["mode", "block_m", "block_n", "bh", "seq", "d"])
 
 
@@ -122,16 +114,9 @@ def overlap(tiles: dict) -> float:
     return 1 - add_ms(tiles) / probe_ms("tma", tiles["block_n1"])
 
 
-# Piece names as the committed run wrote them -> as host_overhead.py names them now (the run at
-# 7175b5e289f7 called the TMA launch "tuned config (tma=True)"; the tuned forward has since
-# switched to pointer loads, so that name would mislead).
-HOST_PIECE_NAMES = {"ours: launch_fwd, tuned config (tma=True)": "ours: launch_fwd, TMA loads"}
-
-
 def host_rows() -> pd.DataFrame:
-    """The newest host_overhead run at the leaderboard's shape (16,384), its pieces named as now."""
     df = where(load_results(HOST_BENCH, status="ok"), seq=16384)
-    return df[df.run == df.run.max()].assign(piece=lambda d: d.piece.replace(HOST_PIECE_NAMES))
+    return df[df.run == df.run.max()]
 
 
 def host_table() -> str:
@@ -182,8 +167,7 @@ def leaderboard_clock_table() -> str:
 
 
 def clock_fields() -> pd.DataFrame:
-    """The headline run's rows, which carry their own clock record (nvidia-smi once a second while the
-    mean was timed: median and minimum SM clock, median board power)."""
+    """The headline run's rows that carry their own clock record (nvidia-smi once a second while timed)."""
     rows = flash.headline_rows()
     return rows[rows.sm_mhz_median.notna()]
 
@@ -191,79 +175,40 @@ def clock_fields() -> pd.DataFrame:
 def clock_fields_table() -> str:
     df = in_words(clock_fields())
     mhz_w = {"sm_mhz_median": "SM MHz (median)", "sm_mhz_min": "SM MHz (min)", "power_w_median": "W (median)"}
-    shown = df[["run", "git", "implementation", "mode", "mean_ms", *mhz_w]]
-    shown = shown.rename(columns={"mean_ms": "mean ms", **mhz_w})
-    formats = {"mean ms": ".3f", **dict.fromkeys(mhz_w.values(), ".0f")}
-    return with_source(shown, flash.LB_BENCH, df, formats=formats)
+    shown = df[["run", "git", "implementation", "mode", "mean_ms", *mhz_w]].rename(
+        columns={"mean_ms": "mean ms", **mhz_w})
+    return with_source(shown, flash.LB_BENCH, df, formats={"mean ms": ".3f", **dict.fromkeys(mhz_w.values(), ".0f")})
 
 
 def clock(impl: str, mode: str, col: str = "sm_mhz_median") -> float:
     return float(where(clock_fields(), impl=impl, mode=mode)[col].iloc[0])
 
 
-def tuner_noise() -> pd.DataFrame:
-    """The forward's best candidate with TMA loads and with pointer loads (columns True, False; leaderboard
-    shape) in the first tuning run inside the newest clock samples' window and in the run before it."""
-    tune = flash_tuning.tuning_rows().query("kernel == 'fwd'")
-    tune = tune.assign(tma=tune.config.map(lambda c: bool(c.get("tma"))), t=pd.to_datetime(tune.time_utc, utc=True))
-    sampled = clock_samples(sorted((REPO_ROOT / CLOCKS_DIR).glob("*.csv"))[-1]).t
-    second = tune[tune.t.between(sampled.min(), sampled.max())].run.min()
-    runs = [tune[tune.run < second].run.max(), second]
-    return tune[tune.run.isin(runs)].pivot_table(index="run", columns="tma", values="ms", aggfunc="min")
-
-
 # -- facts ----------------------------------------------------------------------------------------
 
-def _lb_at(git: str, col: str) -> float:
-    rows = leaderboard_rows().query("mode == 'fwd_bwd' and impl == 'ours'")
-    return float(rows[rows.git.str.startswith(git)][col].iloc[-1])
-
-
-_fwd_cycles = lambda impl: clock(impl, "fwd", "mean_ms") * clock(impl, "fwd")  # time x clock: what equal clocks compare
-_dq_total_ms = lambda: onepass_ab_median("full") - onepass_ab_median("no_dq")  # dQ's share computed and added
 _two_pass_ms = lambda: flash_tuning.confirm_medians()["two-pass"]  # the tuner's best two-pass backward
 COMPILED_FWD = "ours: forward (torch.compile"  # the host_overhead pieces the page compares
 FACTS = {
-    # the dK/dV A/B run (ab_dkdv), at the tuned tiling
     "ab_fixed_slower": lambda: f'{ab_median("fixeddiag", False, True) / ab_median("rtdiag", False, True) - 1:.0%}',
     "ab_best_gain": lambda: f'{1 - ab_median("rtdiag", True, True) / ab_median("old", False, False):.1%}',
     "ab_no_tail_gain_tma": lambda: f'{1 - ab_median("rtdiag", True, True) / ab_median("rtdiag", True, False):.1%}',
-    # the leaderboard before the three changes (df107f5) and with the fix (fa87602)
-    "fix_before_lb_speedup": lambda: f'{_lb_at("df107f5", "speed_vs_cudnn"):.3f}',
-    "fix_after_lb_speedup": lambda: f'{_lb_at("fa87602", "speed_vs_cudnn"):.3f}',
-    # the one-pass kernel's ablations (ab_onepass) and the adds alone (reduce_probe)
-    "op_no_add_ms": lambda: f'{onepass_ab_median("no_add"):.2f}',
-    "op_dq_share_total_ms": lambda: f"{_dq_total_ms():.2f}",
     "op_upper_bound_gain": lambda: f'{1 - onepass_ab_median("no_add") / _two_pass_ms():.0%}',
-    "probe_gb": lambda: f'{probe_rows().query("block_m == 64 and block_n == 64").gbytes.iloc[0]:.1f}',
-    "probe_tma_ms": lambda: f'{probe_ms("tma"):.2f}',
     "probe_overlap": lambda: f"{overlap(TILED):.0%}",
     "probe_overlap_wide": lambda: f"{overlap(WIDE):.0%}",
-    # the host (host_overhead)
     "host_fwd_gap_us": lambda: f'{host_us(COMPILED_FWD) - host_us("cudnn: forward"):.0f}',
-    "host_step_ms": lambda: f'{host_us("ours: forward+backward") / 1e3:.2f}',
-    # the clocks recorded with the headline run's rows
-    "clock_w": lambda: f'{clock("ours", "fwd_bwd", "power_w_median"):.0f}',
-    "clock_equal_fwd_speedup": lambda: f'{_fwd_cycles("cudnn") / _fwd_cycles("ours"):.2f}',
-    # the tuner's noise
-    "noise_runs": lambda: " and ".join(tuner_noise().index),
-    **{f"noise_{k}": lambda t=t: "{:.3f} then {:.3f}".format(*tuner_noise()[t])
-       for k, t in (("tma", True), ("ptr", False))},
 }
 
 
 def _adds_cost_more_than_the_dq_pass() -> bool:
-    """Computing and adding dQ's shares inside one pass costs more than the whole dQ pass; 128-key
-    tiles (half the shares) do not make the add cheaper; atomics cost more than bulk reductions."""
-    return (_dq_total_ms() > flash_tuning.tma_onepass_run()["dQ pass"]
+    """dQ's share and its add cost more than the dQ pass; 128-key tiles make the add no cheaper, atomics dearer."""
+    return (onepass_ab_median("full") - onepass_ab_median("no_dq") > flash_tuning.tma_onepass_run()["dQ pass"]
             and add_ms(WIDE) >= add_ms() and add_ms(TILED, False) > add_ms())
 
 
 def _fix_gained_more_in_the_dq_pass() -> bool:
-    """Both passes got faster with the fix, the dQ pass more; so did the leaderboard's forward+backward."""
-    passes = ["dK/dV pass", "dQ pass"]
-    dkdv, dq = flash_tuning.history_row("fa87602")[passes] / flash_tuning.history_row("df107f5")[passes]
-    return dq < dkdv < 1 and _lb_at("fa87602", "mean_ms") < _lb_at("df107f5", "mean_ms")
+    """Both passes got faster with the fix (fa87602 against df107f5), the dQ pass more."""
+    dkdv, dq = flash_tuning.pass_ratios("fa87602", "df107f5")
+    return dq < dkdv < 1
 
 
 def _host_runs_ahead() -> bool:
@@ -295,12 +240,10 @@ register("flash", facts=FACTS, tables={
     < 0.01,
     "fix_gained_more_in_the_dq_pass": _fix_gained_more_in_the_dq_pass,
     "adds_cost_more_than_the_dq_pass": _adds_cost_more_than_the_dq_pass,
-    # plain stores of the same bytes take over half the rest of the kernel's time; the adds overlap
-    # the kernel partly (a fraction between 0 and 1), less with wide tiles
+    # plain stores take over half the rest of the kernel's time; the adds overlap it partly, less with wide tiles
     "probe_traffic_is_a_cost_of_its_own": lambda: probe_ms("store") > 0.5 * onepass_ab_median("no_add")
     and 0 < overlap(WIDE) < overlap(TILED) < 1,
     "host_runs_ahead_of_the_gpu": _host_runs_ahead,
     "lower_clock_at_the_power_limit": _lower_clock_at_the_power_limit,
-    "tuner_candidates_swapped_places": lambda: (tuner_noise()[True] < tuner_noise()[False]).nunique() == 2,
     "one_pass_upper_bound_is_a_gain": lambda: onepass_ab_median("no_add") < _two_pass_ms(),
 })

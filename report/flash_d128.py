@@ -39,10 +39,8 @@ VERSIONS = (
 )
 FIRST_BWD, AGAIN, NO_ADDS, NO_DQ, GROUPED, REGS, REGS_ST3, DQ_UNDER_DK = (v[0] for v in VERSIONS[2:10])
 
-# dQ's product under dK's and the head groups, at nine shapes in one sweep (one run per shape): the
-# kernel before (version "full", every mask), dQ under dK ("dq_first", the causal kernel since), and
-# each at the head groups the launcher picks now (`bwd128_ws.heads_per_group`); group 0 in a row is
-# the rule of the code that ran (a group of heads by the L2 budget alone, all heads in a short launch)
+# dQ under dK ("dq_first") against the kernel before ("full") at nine shapes, one run each, at the head
+# groups of the code that ran (group 0: by the L2 budget alone) and at those the launcher picks now
 ORDER_GIT = "9dbb70626573"
 ORDER_SETTINGS = {True: (3, 1), False: (2, 2)}  # the table's (stages, slots) per mask
 
@@ -79,8 +77,7 @@ def _median(bench: str, run: str, impl: str, part: str) -> float:
 
 
 def versions() -> pd.DataFrame:
-    """Per version (index: what changed): our forward and backward ms and each against cuDNN's in the
-    same run (cuDNN's backward: its forward+backward less its forward)."""
+    """Per version (index: what changed): our forward and backward ms and each against cuDNN's, same run."""
     out = []
     for what, bench, run, fwd, bwd in VERSIONS:
         c_fwd = _median(bench, run, "cudnn", "fwd")
@@ -103,11 +100,6 @@ def versions_table() -> str:
 
 def _step(name: str, col: str = "backward ms") -> float:
     return versions().loc[name, col]
-
-
-def _dq_share() -> float:
-    """dQ's share of the backward: what the backward without dQ at all saves (the same run)."""
-    return 1 - _step(NO_DQ) / _step(AGAIN)
 
 
 def vs_kernel(version: str, ids, settings: tuple | str | None = "table", at: tuple | str = "table",
@@ -146,8 +138,7 @@ def _masked(s: pd.Series, causal: bool) -> pd.Series:
 
 
 def _columns(s: pd.Series, by: str = "mask") -> dict:
-    """One row of an A/B table: its ratios by mask ("causal", "not causal") or by cell ("1 x 32 x 8,192"),
-    each cell's as a range over its cells ("—": none timed)."""
+    """One row of an A/B table: its ratios by mask or by cell ("1 x 32 x 8,192"), each a range ("—": none)."""
     if by == "mask":
         parts = {"causal": _masked(s, True), "not causal": _masked(s, False)}
     else:
@@ -241,9 +232,8 @@ def _non_causal_adds_cost() -> bool:
 
 
 def order_and_groups() -> pd.DataFrame:
-    """Per shape of the sweep: the backward's ms before, with dQ under dK, with the groups the
-    launcher picks now (dQ under dK causal, the old order without the mask; NaN where that group was
-    not timed), and cuDNN's backward (its forward+backward less its forward)."""
+    """Per shape of the sweep: the backward's ms before, with dQ under dK, at the groups the launcher
+    picks now (NaN where not timed), and cuDNN's backward."""
     import torch
 
     from cs336_systems.attention.fast.gluon.bwd128_ws import heads_per_group, reread_bytes_per_head
@@ -267,10 +257,9 @@ def order_and_groups_table() -> str:
     return with_source(order_and_groups(), AB, where(_ab(), git=ORDER_GIT), formats=ms,
                        note="The d = 128 backward's ms at the table's settings (causal: three Q/dO stages, one dS^T"
                        " slot; without the mask two and two), one run per shape, medians of three interleaved rounds;"
-                       " before: the kernel then, with its head groups; dQ under dK: that version, the same groups;"
-                       " now: the causal kernel since, or without the mask the kernel before, at the groups the"
-                       " launcher picks now. cuDNN: its forward+backward less its forward, same run. — : that group"
-                       " was not timed.")
+                       " before and dQ under dK at the old head groups; now: the kernel since (without the mask the"
+                       " old order) at the groups the launcher picks now; cuDNN: its forward+backward less forward."
+                       " — : not timed.")
 
 
 def _order_gains(causal: bool) -> pd.Series:
@@ -288,13 +277,10 @@ def _over_now(cell: str, column: str = "cuDNN") -> float:
 
 register("flash", facts={
     "gluon_triton": lambda: importlib.import_module("cs336_systems.attention.fast.gluon.requirements").GLUON_TRITON,
-    "d128_dq_share": lambda: f"{_dq_share():.0%}",
+    "d128_dq_share": lambda: f"{1 - _step(NO_DQ) / _step(AGAIN):.0%}",  # what leaving out all of dQ saves
     "d128_order_gain": lambda: span(_order_gains(True), ".2f", "x"),
-    "d128_groups_8k_gain": lambda: f"{_over_now('1 x 16 x 8,192', 'dQ under dK'):.2f}",
-    "d128_order_step_ratio": lambda: f"{_over_now('1 x 32 x 32,768'):.2f}",
 }, tables={"d128_order_and_groups": order_and_groups_table, "d128_versions": versions_table,
            **{name: functools.partial(ab_table, name) for name in AB_TABLES}}, claims={
-    # K_W or V_W in registers for the whole program: slower by over 10%, causal and not
     "d128_kv_in_registers_slower": lambda: all(len(t := tried(v)) == 2 and t.max() < 0.9 for v in ("k_rs", "v_rs")),
     # both register operands together beat the shared-memory kernel by over 5% at one slot, causal
     # and not, and by more than either alone; the backward still behind cuDNN's
@@ -303,13 +289,11 @@ register("flash", facts={
         and _masked(both, True).max() > max(ab("d128_register_operands", v, (2, 1)).max() for v in ("dv_rs", "dk_rs"))
         and _step(REGS_ST3, "backward vs cuDNN") < 1.0),
     "d128_non_causal_adds_cost_reorders_do_not": _non_causal_adds_cost,
-    # three dS^T slots slower than the table's settings by over 3%, with the mask and without
     "d128_three_slots_slower": lambda: len(t := tried("full", (2, 3))) == 2 and t.max() < 0.97,
     # the versions that spill less (stats_first; two stages) all slower than the kernel beyond noise
     "d128_fewer_spills_not_faster": lambda: all(
         vs_kernel(v, "4bf534ee2832", (st, 1)).iloc[0] < 0.99
         for v in ("full", "stats_first", "dq_after_dk") for st in (2, 3) if (v, st) != ("full", 3)),
-    # both trades slower than the kernel by over 10% at each of the four cells they were timed at
     "d128_staging_and_l2_trades_slower": lambda: all(len(t := tried(v, None)) == 4 and t.max() < 0.9
                                                      for v in ("atomics", "solo")),
     # without the mask each half of the add alone costs over 5% (under it leaving either out is
@@ -323,9 +307,8 @@ register("flash", facts={
     "d128_staging_cost_is_its_store": lambda: bool(
         len(t := tried("no_store")) == 2 and (t > 1.05).all()
         and ((vs_kernel("no_staging", "4fc7478d3b1e") / t - 1).abs() < 0.02).all()),
-    # rotating the tiles changed nothing beyond noise (2%) at any of the three cells
     "d128_rotation_no_gain": lambda: bool(len(t := tried("rotated")) == 3 and ((t - 1).abs() < 0.02).all()),
-    # no reordering of dQ's chain gained more than 2% anywhere, and none gained causal
+    # none gained causal, none beyond noise (2%) without the mask
     "d128_dq_reorders_did_not_help": lambda: all(
         (_masked(t := ab("d128_dq_attempts", r[0], r[1]), True) <= 1.0).all() and (_masked(t, False) < 1.02).all()
         for r in AB_TABLES["d128_dq_attempts"][3]),
@@ -335,16 +318,14 @@ register("flash", facts={
         _order_gains(True).min() > 1.0 and _order_gains(True).median() > 1.03
         and _order_gains(True).iloc[:4].min() > _order_gains(True).iloc[4:].max()
         and _order_gains(False).max() < 1.01 and _order_gains(False).iloc[-1] < 1.0),
-    # ours ahead of cuDNN's backward at 1 x 16 x 4,096 and 8,192 causal, behind at the step's cell
-    "d128_bwd_ahead_at_16_heads_up_to_8k": lambda: bool(
-        min(_over_now("1 x 16 x 4,096"), _over_now("1 x 16 x 8,192")) > 1.0 > _over_now("1 x 32 x 32,768")),
-    # the dividing groups: no causal cell slower beyond noise (2%), both 8k cells faster by over 5%
+    # the dividing groups: no causal cell slower beyond noise (2%), both 8k cells faster by over 5%; with
+    # them ours ahead of cuDNN's backward at 1 x 16 x 4,096 and 8,192 causal, behind at the step's cell
     "d128_dividing_groups_help": lambda: bool(
         min(_over_now(c, "dQ under dK") for c in order_and_groups().query("mask == 'causal'").cell) > 0.98
-        and min(_over_now("1 x 16 x 8,192", "dQ under dK"), _over_now("1 x 32 x 8,192", "dQ under dK")) > 1.05),
-    # dQ (its product and its adds, each a real part of it) is over a quarter of the backward
-    "d128_dq_is_over_a_quarter": lambda: _dq_share() > 0.25 and _step(AGAIN) > _step(NO_ADDS) > _step(NO_DQ),
-    # grouping the heads cut the backward by over 5% and took the forward past cuDNN's; the backward stays behind
+        and min(_over_now("1 x 16 x 8,192", "dQ under dK"), _over_now("1 x 32 x 8,192", "dQ under dK")) > 1.05
+        and min(_over_now("1 x 16 x 4,096"), _over_now("1 x 16 x 8,192")) > 1.0 > _over_now("1 x 32 x 32,768")),
+    "d128_dq_is_over_a_quarter": lambda: (_step(NO_DQ) < 0.75 * _step(AGAIN)
+                                          and _step(AGAIN) > _step(NO_ADDS) > _step(NO_DQ)),
     "d128_grouping_helped_both": lambda: (_step(GROUPED) < 0.95 * _step(FIRST_BWD)
                                           and _step(GROUPED, "forward vs cuDNN") > 1.0 > _step(GROUPED, "backward vs cuDNN")),
 })

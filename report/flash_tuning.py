@@ -1,7 +1,6 @@
-"""The tuner's measurements (`configs tune`, results/attention/flash_tune), the roofline, and the Gluon
-kernels (the one-pass backward's A/B runs, results/attention/onepass_ws; the tuner's kinds "ws", "fwd_ws").
-Each tuning run times every candidate tiling of every kernel once, bare launches at one shape, then
-re-times the fastest four of each kernel in three interleaved rounds (`phase == "confirm"`)."""
+"""The tuner's measurements (`flash_tune`), the roofline, and the Gluon kernels (`onepass_ws`; the tuner's
+kinds "ws", "fwd_ws"). A tuning run times every candidate of every kernel once, bare launches at one shape,
+then re-times the fastest four of each kernel in three interleaved rounds (`phase == "confirm"`)."""
 
 from __future__ import annotations
 
@@ -15,15 +14,13 @@ from cs336_systems.attention.tiles import heuristic_bwd, heuristic_fwd
 from report.flash import LB, LB_KEY, round_stats
 from report.registry import register
 from report.reproducing import copy_ceiling_tbps, matmul_ceiling_tflops
-from report.results import load_results, markdown_table, where, with_source
+from report.results import load_results, markdown_table, with_source
 from report.units import span
 
 TUNE_BENCH = "attention/flash_tune"
 WS_BENCH = "attention/onepass_ws"
 GLUON_KINDS = {"ws": "backward", "fwd_ws": "forward"}
-# NVIDIA H200 datasheet (SXM): dense bf16 tensor-core peak and HBM3e bandwidth, quoted beside the
-# ceilings this repository measured (`just bench ceilings`), which the roofline below uses.
-PEAK_TFLOPS, PEAK_TBPS = 989.0, 4.8
+PEAK_TFLOPS, PEAK_TBPS = 989.0, 4.8  # H200 SXM datasheet (dense bf16, HBM3e), quoted beside the measured ceilings
 ONEPASS_ATOMICS, ONEPASS_TMA = "one pass, dQ by thread atomics", "one pass, dQ by TMA reductions"
 DESIGNS = {"dkdv": "dK/dV pass", "dq": "dQ pass", "fused": "two passes, one launch",  # the backward history's columns
            "onepass_atomics": ONEPASS_ATOMICS, "onepass_tma": ONEPASS_TMA}
@@ -35,17 +32,14 @@ TILE_WORDS = {  # kernel -> its tiling in words, from its config's fields
     "fwd_ws": "{ws_warpgroups} x 64 queries, {ws_block_n} keys per tile, {ws_stages} stages",
     "fused": "dK/dV {block_n1}x{block_m1}, dQ {block_m2}x{block_n2}, {num_warps1} w, {num_stages1} st",
 }
-# the tuning-effect table's rows: kernel -> its name there
 KERNEL_NAMES = {"fwd": "forward", "dkdv": "dK/dV pass", "dq": "dQ pass", "fused": "backward, one launch"}
 
 
 def tile(kernel: str, c: dict) -> str:
     """A candidate's tiling in words, and which passes load through TMA descriptors."""
-    passes = {"fwd": ["tma"], "dkdv": ["tma1"], "dq": ["tma2"], "fused": ["tma1", "tma2"]}.get(kernel, [])
-    on = [p for p in passes if c.get(p)]
-    tma = "" if not on else ", TMA" if kernel != "fused" else ", TMA " + " + ".join(
-        {"tma1": "dK/dV", "tma2": "dQ"}[p] for p in on)
-    return TILE_WORDS[kernel].format(**c) + tma
+    passes = {"fwd": {"tma": ""}, "dkdv": {"tma1": ""}, "dq": {"tma2": ""}, "fused": {"tma1": " dK/dV", "tma2": " dQ"}}
+    on = [words for p, words in passes.get(kernel, {}).items() if c.get(p)]
+    return TILE_WORDS[kernel].format(**c) + (", TMA" + " +".join(on) if on else "")
 
 
 def design(kernel: str, config: dict) -> str:
@@ -56,14 +50,12 @@ def design(kernel: str, config: dict) -> str:
 
 
 def at_leaderboard_shape(tune: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the leaderboard's key timed at its shape (a sweep tuning run once timed that key at
-    batch 1 x 65,536: those rows are not this shape's)."""
+    """Rows of the leaderboard's key at its shape (a sweep tuning run once timed that key at 1 x 65,536)."""
     return tune[(tune.key == LB_KEY) & (tune.Z == LB["batch"]) & (tune.seq == LB["seq"])]
 
 
 def tuning_rows(confirm: bool = False) -> pd.DataFrame:
-    """The Triton kernels' rows at the leaderboard shape, with their design: each candidate's first
-    timing (so each counts once), or with `confirm` the confirmation rounds."""
+    """The Triton kernels' rows with their design: first timings (each candidate once), or the confirmation rounds."""
     tune = at_leaderboard_shape(load_results(TUNE_BENCH, status="ok"))
     tune = tune[~tune.kernel.isin(GLUON_KINDS) & ((tune.phase == "confirm") == confirm)]
     return tune.assign(design=[design(k, c) for k, c in zip(tune.kernel, tune.config)])
@@ -76,8 +68,7 @@ def leaderboard_tuning() -> pd.DataFrame:
 
 
 def tuning_effect_rows() -> list[dict]:
-    """Leaderboard shape, per kernel: the heuristic configuration (the candidate whose tiling in words is
-    the heuristic's) against the best and the worst measured; the one launch against the best two."""
+    """Per kernel, the heuristic's tiling against the best and worst measured; the one launch against the best two."""
     lb = leaderboard_tuning()
     rows = []
     for kernel, name in KERNEL_NAMES.items():
@@ -99,8 +90,7 @@ def tuning_effect_table() -> str:
 
 
 def backward_history() -> pd.DataFrame:
-    """Leaderboard shape, one row per tuning run (a version of the code): the fastest candidate of
-    each backward design it timed, bare kernels, median ms (NaN: not built then)."""
+    """One row per tuning run (a version of the code): each backward design's fastest candidate (NaN: not built)."""
     lb = tuning_rows()
     best = lb.groupby(["run", "design"]).ms.min().unstack().reindex(columns=list(DESIGNS)).rename(columns=DESIGNS)
     best = best.assign(git=lb.groupby("run").git.first()).rename_axis(index="tuning run").reset_index()
@@ -113,30 +103,19 @@ def backward_history_table() -> str:
                        formats=dict.fromkeys(DESIGNS.values(), ".3f"))
 
 
-def history_row(git: str) -> pd.Series:
-    """The backward history's row of the tuning run at this commit (a prefix of it will do)."""
-    h = backward_history()
-    hit = h[h.git.str.startswith(git)]
-    if hit.empty:
-        raise KeyError(f"no tuning run at the leaderboard shape at git {git}")
-    return hit.iloc[-1]
-
-
-def runs_with(design_name: str) -> pd.DataFrame:
-    """The backward history's runs that built this design (a column of it)."""
-    h = backward_history()
-    return h[h[design_name].notna()]
+def pass_ratios(new: str, old: str) -> pd.Series:
+    """The dK/dV and dQ passes' best times in the tuning run at git `new` over those at `old` (prefixes do)."""
+    h = backward_history().set_index("git")[["dK/dV pass", "dQ pass"]]
+    return h[h.index.str.startswith(new)].iloc[-1] / h[h.index.str.startswith(old)].iloc[-1]
 
 
 def tma_onepass_run() -> pd.Series:
-    """The newest history row with the one-pass kernel adding dQ by TMA reductions."""
-    return runs_with(ONEPASS_TMA).iloc[-1]
+    return backward_history().dropna(subset=[ONEPASS_TMA]).iloc[-1]
 
 
 def confirm_medians() -> dict:
-    """Leaderboard shape, the latest tuning run with confirmation rounds: per design, the best
-    candidate's median over the rounds; "two launches" is the best dK/dV plus the best dQ pass,
-    "two-pass" the faster of that and the one launch."""
+    """The latest confirmation rounds: per design, the best candidate's median; "two launches" is the best
+    dK/dV plus the best dQ pass, "two-pass" the faster of that and the one launch."""
     conf = tuning_rows(confirm=True)
     conf = conf[conf.run == conf.run.max()].assign(cfg=lambda d: d.config.map(lambda c: tuple(sorted(c.items()))))
     out = {k: float(v) for k, v in conf.groupby(["design", "cfg"]).ms.median().groupby("design").min().items()}
@@ -172,11 +151,6 @@ def chosen_configs_table() -> str:
     return markdown_table(pd.DataFrame(rows))
 
 
-def tuned_keys_where(kind: str, field: str) -> list[str]:
-    """Keys of the tuned table whose `kind` entry sets `field` (one_pass: Triton one-pass; gluon_ws: Gluon)."""
-    return sorted(k for k, entry in TUNED[kind].items() if entry.get(field))
-
-
 def roofline() -> dict[str, float]:
     """The leaderboard case against the measured ceilings, and the tuned Triton kernels' rates."""
     B, N, d = LB["batch"], LB["seq"], LB["d"]
@@ -203,13 +177,11 @@ WS_DESIGNS = {  # impl field of the rows -> what that kernel was
 
 
 def ws_rows() -> pd.DataFrame:
-    """Median over each run's interleaved rounds, one row per (run, kernel, version, variant)."""
     keys = ["run", "git", "impl", "version", "block_n", "stages", "slots", "reduce_warps", "reduce_regs"]
     return round_stats(load_results(WS_BENCH, status="ok"), keys)
 
 
 def ws_table() -> str:
-    """Every run of the Gluon kernel, each beside the tuned two-pass backward timed in the same run."""
     g = ws_rows()
     two_pass = g[g.impl.str.startswith("triton")].set_index("run").median_ms
     g = g[~g.impl.str.startswith("triton")].sort_values(["run", "median_ms"])
@@ -223,8 +195,7 @@ def ws_table() -> str:
 
 
 def ws_ablations() -> dict:
-    """The newest run that timed the math-only ablation beside the two-pass backward: its fastest full
-    kernel, that kernel's ablations (same kernel and variant) and the two-pass backward's time."""
+    """The newest run with the math-only ablation and the two-pass backward: its fastest full kernel's ablations."""
     g = ws_rows()
     triton = g.impl.str.startswith("triton")
     run = g[(g.version == "math_only") & g.run.isin(g[triton].run)].run.max()
@@ -232,14 +203,13 @@ def ws_ablations() -> dict:
     full = g[g.version == "full"].sort_values("median_ms").iloc[0]
     variant = ["impl", "block_n", "stages", "slots", "reduce_regs"]
     same = g[(g[variant] == full[variant]).all(axis=1)].set_index("version").median_ms
-    return {**{v: float(ms) for v, ms in same.items()}, "run": run, "full": float(full.median_ms),
+    return {**{v: float(ms) for v, ms in same.items()}, "full": float(full.median_ms),
             "two_pass": float(g[triton].median_ms.iloc[0])}
 
 
 def ws_tuning_table(kernel: str) -> str:
-    """The newest tuning run of a Gluon kernel ("ws": the backward, "fwd_ws": the forward) at the
-    leaderboard shape: each candidate's first timing and, for the fastest few, the median of its
-    confirmation rounds, the tuner's choice first."""
+    """The newest tuning run of a Gluon kernel ("ws", "fwd_ws") at the leaderboard shape: each candidate's
+    first timing and, for the fastest few, the median of its confirmation rounds, the tuner's choice first."""
     ws = at_leaderboard_shape(load_results(TUNE_BENCH, status="ok")).query("kernel == @kernel")
     ws = ws[ws.run == ws.run.max()].assign(setting=lambda d: d.config.map(lambda c: tile(kernel, c)))
     conf = ws.phase == "confirm"
@@ -253,9 +223,7 @@ def ws_tuning_table(kernel: str) -> str:
 
 # -- facts ----------------------------------------------------------------------------------------
 
-_worst_over_best = lambda: [r["worst ms"] / r["best ms"] for r in tuning_effect_rows()[:-1]]  # the three kernels
-_keys = lambda kind, field: ", ".join(f"`{k}`" for k in tuned_keys_where(kind, field))  # as code, in a sentence
-_atomics_runs = lambda: runs_with(ONEPASS_ATOMICS)  # the runs that built the one-pass kernel with atomics
+_atomics_runs = lambda: backward_history().dropna(subset=[ONEPASS_ATOMICS])  # the runs that built that design
 _ws = ws_ablations  # a short name for the facts and claims below
 
 FACTS = {
@@ -267,31 +235,21 @@ FACTS = {
         ("kernel_bwd_ms", ".3f"), ("kernel_fwd_tflops", ".0f"), ("kernel_bwd_tflops", ".0f"),
         ("kernel_bwd_executed_tflops", ".0f"))},
     "roof_executed_share": lambda: f'{roofline()["kernel_bwd_executed_tflops"] / matmul_ceiling_tflops("bf16"):.0%}',
-    "tune_worst_span": lambda: span(_worst_over_best(), ".1f"),
-    "confirm_two_launches_ms": lambda: f'{confirm_medians()["two launches"]:.3f}',
-    "confirm_fused_ms": lambda: f'{confirm_medians()["fused"]:.3f}',
     "onepass_atomics_extra_span": lambda: span(_atomics_runs()[ONEPASS_ATOMICS] - _atomics_runs()["dK/dV pass"], ".2f"),
     "onepass_fifth_matmul_span": lambda: span(_atomics_runs()["dK/dV pass"] / 4, ".2f"),
     "onepass_tma_extra_ms": lambda: f'{tma_onepass_run()[ONEPASS_TMA] - tma_onepass_run()["dK/dV pass"]:.2f}',
     "onepass_tma_dq_pass_ms": lambda: f'{tma_onepass_run()["dQ pass"]:.2f}',
-    "onepass_keys": lambda: _keys("bwd", "one_pass"),
-    # dP issued before the exponentials: the version at df107f5 against the one before it (20201d0)
-    "dp_before_git": lambda: history_row("20201d0")["git"],
-    "dp_after_git": lambda: history_row("df107f5")["git"],
-    "ws_run": lambda: _ws()["run"],
     "ws_math_under_two_pass": lambda: f'{1 - _ws()["math_only"] / _ws()["two_pass"]:.0%}',
     "ws_adds_ms": lambda: f'{_ws()["full"] - _ws()["no_add"]:.3f}',
     "ws_vs_two_pass": lambda: f'{_ws()["full"] / _ws()["two_pass"]:.3f}',
     "ws_mask_every_tile_cost": lambda: f'{_ws()["mask_every_tile"] / _ws()["full"] - 1:.1%}',
-    "gluon_bwd_keys": lambda: _keys("bwd", "gluon_ws"),
-    "gluon_fwd_keys": lambda: _keys("fwd", "gluon_ws"),
 }
 
 
 def _bad_tiling_costs_more() -> bool:
     """Tuning gained on every kernel, and less than the worst candidate of any kernel lost against its best."""
     gains = [r["heuristic ms"] / r["best ms"] for r in tuning_effect_rows()]
-    return min(gains) >= 1 and min(_worst_over_best()) > max(gains)
+    return min(gains) >= 1 and min(r["worst ms"] / r["best ms"] for r in tuning_effect_rows()[:-1]) > max(gains)
 
 
 def _confirmation_reverses_first() -> bool:
@@ -301,35 +259,20 @@ def _confirmation_reverses_first() -> bool:
 
 
 def _bulk_reductions_not_enough() -> bool:
-    """The TMA one-pass kernel beats atomics and loses to the two-pass backward, in its newest run and
-    by the confirmation medians; its dQ work costs more than the dQ pass it removes."""
+    """The TMA one-pass kernel beats atomics, and its dQ work costs more than the dQ pass it removes (so it loses
+    to the two passes), in its newest run and by the confirmation medians."""
     r, c = tma_onepass_run(), confirm_medians()
-    two_pass = min(r["two passes, one launch"], r["dK/dV pass"] + r["dQ pass"])
-    return (two_pass < r[ONEPASS_TMA] < r[ONEPASS_ATOMICS] and r[ONEPASS_TMA] - r["dK/dV pass"] > r["dQ pass"]
+    return (r["dK/dV pass"] + r["dQ pass"] < r[ONEPASS_TMA] < r[ONEPASS_ATOMICS]
             and c["two launches"] < c["onepass_tma"] < c["onepass_atomics"])
 
 
 def _size_classes_as_described() -> bool:
-    """medium up to 32,768 rows of batch x heads x seq, large up to 2^19, huge beyond; small launches
-    borrow the medium entry (none is tuned); untuned shapes warn."""
+    """medium up to 32,768 rows, large up to 2^19, huge beyond; small borrows medium (none tuned); untuned warns."""
     classes = [table.size_class(1, n, n) for n in (4096, 4097, 32768, 32769, 2**19, 2**19 + 1)]
     return (classes == ["small", "medium", "medium", "large", "large", "huge"]
             and table.SIZE_FALLBACK["small"][:2] == ("small", "medium")
             and issubclass(table.UntunedShapeWarning, Warning)
             and not any(key.endswith("-small") for kind in TUNED.values() for key in kind))
-
-
-def _one_pass_keys_are_fp32() -> bool:
-    keys = tuned_keys_where("bwd", "one_pass")
-    return bool(keys) and all(k.startswith("fp32-") for k in keys) and LB_KEY not in keys
-
-
-def _gluon_at_the_leaderboard_key_only() -> bool:
-    """The tuner timed Gluon candidates at the medium key too, and kept the Triton backward there."""
-    bwd, fwd = tuned_keys_where("bwd", "gluon_ws"), tuned_keys_where("fwd", "gluon_ws")
-    medium = "bf16-d64-causal-medium"
-    return (LB_KEY in bwd and LB_KEY in fwd and medium not in bwd
-            and len(where(load_results(TUNE_BENCH, status="ok"), kernel="ws", key=medium)) > 0)
 
 
 register("flash", facts=FACTS, tables={
@@ -343,12 +286,11 @@ register("flash", facts=FACTS, tables={
     "atomics_lost_every_run": lambda: len(_atomics_runs()) > 0
     and (_atomics_runs()[ONEPASS_ATOMICS] > _atomics_runs()["two passes, one launch"]).all(),
     "bulk_reductions_not_enough": _bulk_reductions_not_enough,
-    "one_pass_keys_are_fp32": _one_pass_keys_are_fp32,
+    "one_pass_keys_are_fp32": lambda: {k.split("-")[0] for k, e in TUNED["bwd"].items() if e.get("one_pass")}
+    == {"fp32"},
     # within 2% per pass: the runs' noise
-    "dp_first_changed_nothing": lambda: all(abs(history_row("df107f5")[c] / history_row("20201d0")[c] - 1) <= 0.02
-                                            for c in ("dK/dV pass", "dQ pass")),
+    "dp_first_changed_nothing": lambda: (abs(pass_ratios("df107f5", "20201d0") - 1) <= 0.02).all(),
     "size_classes_as_described": _size_classes_as_described,
     "gluon_backward_beats_two_pass": lambda: _ws()["math_only"] < _ws()["no_add"] < _ws()["full"] < _ws()["two_pass"],
     "diagonal_split_pays": lambda: _ws()["mask_every_tile"] > _ws()["full"],
-    "gluon_at_the_leaderboard_key_only": _gluon_at_the_leaderboard_key_only,
 })

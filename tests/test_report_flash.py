@@ -47,11 +47,6 @@ def test_leaderboard_numbers_and_tables_come_from_the_headline_run(lb_rows):
     assert flash.best_run() == "r1"  # the only run of the Triton kernels alone
 
 
-def test_leaderboard_figure_draws_the_headline_run(lb_rows):
-    text = svg(flash.leaderboard_figure())
-    assert text.startswith("<svg") and "r2" in text and "naive, torch.compile" in text
-
-
 def test_registered_facts_format_their_values(lb_rows):
     assert flash.FACTS["lb_speedup"]() == f"{1 / 0.9:.3f}"
 

@@ -69,8 +69,8 @@ def test_a_remeasured_cell_counts_by_its_newest_row_and_the_rest_are_marked_earl
     assert flash_grid.speeds().tolist() == [0.5, 3.0]  # 1,024 from "abc", 8,192 re-measured by "def"
     assert list(flash_grid.earlier_cells()) == [(64, "causal", "1 x 16", 1024)]
     assert flash_grid.run_gits() == ["abc", "def"]
-    assert flash_grid.run_speeds("abc").tolist() == [0.5, 2.0]  # the "abc" run's own ratios
-    assert flash_grid.run_speeds("def").tolist() == [3.0]
+    assert flash_grid.speeds(git="abc").tolist() == [0.5, 2.0]  # the "abc" run's own ratios
+    assert flash_grid.speeds(git="def").tolist() == [3.0]
     table = flash_grid.speed_table("ours", "fwd_bwd")
     assert "| 64 | causal | 1 x 16 | 0.50 † | 3.00 |" in table and "earlier run (git abc)" in table
     assert flash_grid.plans().fwd.loc[(64, "causal", "1 x 16", 1024)] == "earlier table †"
