@@ -1,7 +1,5 @@
-"""The attention and torch.compile chapter (docs/attention.md, docs/attention/runs.md): naive
-attention alone, eager and compiled, against the hand count of its memory (attention/pytorch_attention,
-with two longer sequences probed at d = 64), the allocator checks at seq 32,768 (attention/oom_checks)
-and the whole model compiled (end-to-end/compile).
+"""The attention and torch.compile chapter (docs/attention.md, docs/attention/runs.md): naive attention
+eager and compiled (attention/pytorch_attention), the allocator checks (attention/oom_checks), the compiled model.
 """
 
 from __future__ import annotations
@@ -11,6 +9,7 @@ import pandas as pd
 from cs336_systems.attention.benchmarks.pytorch_sweep import attention_memory
 from cs336_systems.profiling.attention_oom import DEFAULT
 from report.figures import plt
+from report.memory import capacity_gib
 from report.profiling import SIZES, kernel_cells, pm_each
 from report.registry import register
 from report.results import load_results, newest, ok, where, with_source
@@ -19,6 +18,7 @@ from report.units import GiB, MiB, near, span
 BENCH = "attention/pytorch_attention"
 KEY = ["impl", "d", "seq"]
 GRID_SEQS = (256, 1024, 4096, 8192, 16384)  # the course's grid; longer sequences are OOM probes
+SPEEDUPS = ["fwd_speedup", "bwd_speedup"]  # compiled over eager speed, forward and backward
 
 
 # ---- pytorch_attention ----------------------------------------------------------------------------
@@ -38,20 +38,14 @@ def attention_pivot(metric: str, impl: str = "eager", fmt: str = ".3g") -> str:
     return with_source(pd.DataFrame(rows), BENCH, used=df)
 
 
-def capacity_gib() -> float:
-    return float(load_results(BENCH)["device_total_mib"].dropna().iloc[0]) / 1024
-
-
 def attention_figure():
-    """Time and peak memory against sequence length, eager and compiled, one line per d."""
     df = newest(ok(BENCH), KEY)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for impl, ls in (("eager", "-"), ("compiled", "--")):
         for d in sorted(df["d"].unique()):
             s = where(df, impl=impl, d=d).sort_values("seq")
-            if len(s) >= 2:
-                axes[0].plot(s["seq"], s["forward_ms"] + s["backward_ms"], ls, marker="o", ms=3, label=f"{impl} d={d}")
-                axes[1].plot(s["seq"], s["peak_mib"] / 1024, ls, marker="o", ms=3, label=f"{impl} d={d}")
+            axes[0].plot(s["seq"], s["forward_ms"] + s["backward_ms"], ls, marker="o", ms=3, label=f"{impl} d={d}")
+            axes[1].plot(s["seq"], s["peak_mib"] / 1024, ls, marker="o", ms=3, label=f"{impl} d={d}")
     for ax, label in zip(axes, ("forward + backward ms", "peak GiB")):
         ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel=label)
         ax.set_xscale("log", base=2)
@@ -69,7 +63,6 @@ def growth_per_doubling() -> pd.Series:
 
 
 def memory_check() -> pd.DataFrame:
-    """Measured memory before the backward and peak against the hand count (eager, every cell)."""
     e = attention_rows()
     return pd.DataFrame({
         "d": e.d, "seq": e.seq, "score matrix MiB": e.predicted_one_score_matrix_mib,
@@ -96,24 +89,18 @@ def _eager_ms(seq: int, d: int) -> float:
 
 
 def _grid_fits_first_probe_does_not() -> bool:
-    every = newest(load_results(BENCH), KEY)
-    return ((every[every.seq.isin(GRID_SEQS)].status == "ok").all() and (oom_probes().status == "OOM").all()
-            and attention_rows().query("d == 64").seq.max() == max(GRID_SEQS) < oom_probes().seq.min())
+    """Every grid cell ran, every probe ran out of memory, the first although its hand count fits the card."""
+    every, probes = newest(load_results(BENCH), KEY), oom_probes()
+    return ((every[every.seq.isin(GRID_SEQS)].status == "ok").all() and (probes.status == "OOM").all()
+            and attention_rows().query("d == 64").seq.max() == max(GRID_SEQS) < probes.seq.min()
+            and probes.iloc[0]["backward peak by hand GiB"] < capacity_gib())
 
 
 def _memory_as_counted() -> bool:
-    """O + P exactly; the peak four score matrices plus one offset, the same in every cell."""
-    c = memory_check()
-    offset = c["peak: measured MiB"] - c["peak by hand MiB"]
-    return ((c["forward added: measured MiB"] == c["by hand (O + P) MiB"]).all()
-            and offset.nunique() == 1 and 0 < offset.iloc[0] < 256)
-
-
-def _saved_is_mostly_p() -> bool:
-    """What the forward leaves at d = 64, seq 16,384 is P plus O (64 MiB), and it quadruples per doubling."""
+    """The forward leaves O + P exactly, quadrupling per doubling; the peak is four score matrices plus one offset."""
     c = memory_check().set_index(["d", "seq"])
-    saved = c["forward added: measured MiB"]
-    return (saved[(64, 16384)] < 1.01 * c.loc[(64, 16384), "score matrix MiB"] + 64
+    saved, offset = c["forward added: measured MiB"], c["peak: measured MiB"] - c["peak by hand MiB"]
+    return ((saved == c["by hand (O + P) MiB"]).all() and offset.nunique() == 1 and 0 < offset.iloc[0] < 256
             and all(saved[(d, 16384)] > 3.9 * saved[(d, 8192)] for d in (16, 32, 64, 128)))
 
 
@@ -122,25 +109,15 @@ def _saved_is_mostly_p() -> bool:
 SPLIT = "max_split_size_mb:1024"
 
 
-def score_mib(seq: int) -> float:
-    return attention_memory(8, seq, 64)["one_score_matrix"] / MiB
-
-
 def checks() -> pd.DataFrame:
-    """The newest row per check cell (batch 8, d = 64), ok or out of memory, with its peaks (of the
-    run, or up to the moment of the OOM) in MiB and in score matrices."""
+    """The newest row per check cell (batch 8, d = 64), its peaks and stranded memory (at an OOM) in score matrices."""
     df = load_results("attention/oom_checks")
     df = df[df["status"].isin(["ok", "oom"]) & (df["batch"] == 8) & (df["d"] == 64)]
     df = newest(df, ["batch", "d", "seq", "alloc_conf"]).sort_values(["seq", "alloc_conf"])
     peaks = [r if r["status"] == "ok" else r["at_oom"] for r in df.to_dict("records")]
-    allocated = pd.Series([p["peak_allocated_mib"] for p in peaks], df.index)
-    reserved = pd.Series([p["peak_reserved_mib"] for p in peaks], df.index)
-    score = df.seq.map(score_mib)
-    return df.assign(allocated_mib=allocated, allocated_scores=allocated / score, reserved_scores=reserved / score)
-
-
-def check(seq: int, conf: str):
-    return where(checks(), seq=seq, alloc_conf=conf).iloc[0]
+    score = pd.Series([attention_memory(8, seq, 64)["one_score_matrix"] / MiB for seq in df.seq], df.index)
+    return df.assign(**{f"{kind}_scores": pd.Series([p[f"peak_{kind}_mib"] for p in peaks], df.index) / score
+                        for kind in ("allocated", "reserved")}, stranded_scores=df.reserved_unallocated_mib / score)
 
 
 def checks_table() -> str:
@@ -156,16 +133,18 @@ def checks_table() -> str:
 
 
 def stranded_block_confirmed() -> bool:
-    """Both predictions of the hypothesis hold: at seq 16,384 the default allocator reserves about a
-    fifth score matrix over the four allocated, and seq 32,768 runs once large blocks are not split."""
-    return (check(16384, DEFAULT)["status"] == "ok" and check(16384, DEFAULT).reserved_scores >= 4.5
-            and check(32768, SPLIT)["status"] == "ok")
+    """At 16,384 the default allocator reserves a fifth score matrix, unsplit blocks not; at 32,768 one is stranded."""
+    c = checks()
+    d16, s16, d32, s32 = (where(c, seq=seq, alloc_conf=conf).iloc[0] for seq in (16384, 32768) for conf in (DEFAULT, SPLIT))
+    return bool(d16["status"] == "ok" and d16.reserved_scores >= 4.5 > s16.reserved_scores and d32["status"] == "oom"
+                and near(d32.stranded_scores, 1, 0.02)
+                and near(s32.allocated_scores, 4, 0.02) and s32["status"] == "ok")
 
 
 # ---- torch_compile -------------------------------------------------------------------------------
 
 def compiled_vs_eager(long: bool | None = None) -> pd.DataFrame:
-    """Eager (_e) and compiled (_c) rows side by side: every cell, or those from seq 4096 on (long) or below it."""
+    """Eager (_e) and compiled (_c) rows side by side: every cell, or those from seq 4096 on (long) or below."""
     e, c = attention_rows("eager"), attention_rows("compiled")
     m = e.merge(c, on=["d", "seq"], suffixes=("_e", "_c")).sort_values(["d", "seq"])
     m = m if long is None else m[(m.seq >= 4096) == long]
@@ -173,30 +152,21 @@ def compiled_vs_eager(long: bool | None = None) -> pd.DataFrame:
                     peak_ratio=m.peak_mib_c / m.peak_mib_e)
 
 
-SPEEDUPS = ["fwd_speedup", "bwd_speedup"]  # compiled over eager speed, forward and backward
-
-
 def compare_table() -> str:
     m = compiled_vs_eager()
-    shown = pd.DataFrame({"d": m.d, "seq": m.seq, "fwd eager ms": m.forward_ms_e, "fwd compiled ms": m.forward_ms_c,
-                          "fwd speed-up": m.fwd_speedup, "bwd eager ms": m.backward_ms_e,
+    shown = pd.DataFrame({"d": m.d, "seq": m.seq, "fwd compiled ms": m.forward_ms_c, "fwd speed-up": m.fwd_speedup,
                           "bwd compiled ms": m.backward_ms_c, "bwd speed-up": m.bwd_speedup,
                           "peak MiB eager": m.peak_mib_e, "peak MiB compiled": m.peak_mib_c})
     return with_source(shown, BENCH, used=newest(ok(BENCH), KEY))
 
 
-COMPILE_KEY = ["size", "mode", "dtype", "compile"]
-
-
 def compile_rows() -> pd.DataFrame:
-    """One row per compile cell: the earliest. A re-run on the same machine finds Inductor's on-disk
-    cache warm, so only the first run's first step is a cold compile."""
-    return newest(ok("end-to-end/compile"), COMPILE_KEY, keep="first")
+    """The earliest row per cell: a re-run on one machine finds Inductor's disk cache warm (not a cold compile)."""
+    return newest(ok("end-to-end/compile"), ["size", "mode", "dtype", "compile"], keep="first")
 
 
 def compile_cells() -> pd.DataFrame:
-    """Per (size, mode), fp32, sizes in order: eager (_e) and compiled (_c) rows side by side, the
-    fraction of the time compiling removes, and the first compiled step in seconds."""
+    """Per (size, mode), fp32: eager (_e) and compiled (_c) side by side, and the fraction compiling removes."""
     df = compile_rows().query("dtype == 'fp32'").assign(size=lambda d: pd.Categorical(d["size"], SIZES))
     m = df[~df["compile"]].merge(df[df["compile"]], on=["size", "mode"], suffixes=("_e", "_c"))
     m = m.sort_values(["size", "mode"]).reset_index(drop=True)
@@ -214,8 +184,7 @@ def compile_table() -> str:
 
 
 def compile_vs_profile() -> pd.DataFrame:
-    """Per size: what compiling removes from the forward, next to the eager forward's kernel time
-    outside the matmuls (the nsys_profile profile at the same context, 512)."""
+    """Per size: what compiling removes from the forward, beside the eager forward's time outside matmuls (nsys)."""
     fwd = compile_cells().query("mode == 'forward'").set_index("size")
     k = where(kernel_cells(), context=512).set_index("size")
     return pd.DataFrame({"size": SIZES, "compile removes (forward)": [fwd.loc[s, "cut"] for s in SIZES],
@@ -245,64 +214,44 @@ def _second_compile_is_warm() -> bool:
         and (t["steady step, again ms"] / t["steady step, first run ms"]).between(0.95, 1.05).all()
 
 
-register(
-    "attention",
-    facts={
-        "small_fwd_ms": lambda: span(attention_rows().query("seq <= 1024").forward_ms, ".2f"),
-        "growth": lambda: span(growth_per_doubling(), ".1f", "x"),
-        "d_ratio_16384": lambda: f"{_eager_ms(16384, 128) / _eager_ms(16384, 16):.2f}",
-        "card_gib": lambda: f"{capacity_gib():.1f}",
-        # the measured peak over the hand count's, the same in every cell (memory_as_counted)
-        "peak_offset_mib": lambda: format(attention_rows().eval("peak_mib - predicted_backward_peak_mib").max(), "g"),
-        "largest_seq": lambda: f'{attention_rows().query("d == 64").seq.max():,}',  # the longest that ran
-        "oom_seq": lambda: f"{int(oom_probes().seq.min()):,}",
-        "oom_backward_gib": lambda: f"{oom_probes().iloc[0]['backward peak by hand GiB']:.1f}",
-        "oom_score_gib": lambda: f"{oom_probes().iloc[0]['one score matrix GiB']:.0f}",
-        "compiled_fwd_speedup": lambda: span(compiled_vs_eager(long=True).fwd_speedup, ".2f", "x"),
-        "compiled_bwd_speedup": lambda: span(compiled_vs_eager(long=True).bwd_speedup, ".2f", "x"),
-        "compiled_peak_ratio": lambda: span(compiled_vs_eager(long=True).peak_ratio, ".2f"),
-        "compile_cut": lambda: span(compile_cells().cut, ".0%"),
-        "compile_first_s": lambda: span(compile_cells().first_step_s),
-        # runs.md
-        "oom_margin_gib": lambda: f"{capacity_gib() - attention_memory(8, 32768, 64)['backward_peak'] / GiB:.1f}",
-        "oom_output_mib": lambda: f"{attention_memory(8, 32768, 64)['inputs_qkv'] / 3 / MiB:.0f}",
-        "oom_stranded_gib": lambda: f"{check(32768, DEFAULT).reserved_unallocated_mib / 1024:.1f}",
-        "split_32768_allocated_gib": lambda: f"{check(32768, SPLIT).allocated_mib / 1024:.1f}",
-    },
-    tables={
-        "forward": lambda: attention_pivot("forward_ms"), "backward": lambda: attention_pivot("backward_ms"),
-        "before_backward": lambda: attention_pivot("mem_before_backward_mib", fmt=".5g"),
-        "memory_check": lambda: with_source(memory_check(), BENCH, floatfmt=",.4g", used=attention_rows()),
-        "oom_probes": lambda: with_source(oom_probes(), BENCH, floatfmt=".1f"),
-        "compiled": compare_table, "compile": compile_table, "checks": checks_table,
-        "compile_vs_profile": lambda: with_source(compile_vs_profile(), "end-to-end/compile", used=compile_rows(),
-                                                  formats=dict.fromkeys(["compile removes (forward)",
-                                                                         "eager forward outside matmuls"], ".0%")),
-        "compiled_twice": lambda: with_source(compiled_twice(), "end-to-end/compile", floatfmt=".1f"),
-    },
-    figures={"sweep": attention_figure},
-    claims={
-        # 4x per doubling is exactly quadratic; below 4096 launch overhead sets the time
-        "quadratic_from_4096": lambda: growth_per_doubling().between(3.0, 4.5).all(),
-        "flat_up_to_1024": lambda: (lambda f: f.max() < 2 * f.min())(attention_rows().query("seq <= 1024").forward_ms),
-        "head_dimension_matters_little": lambda: _eager_ms(16384, 128) / _eager_ms(16384, 16) < 4,
-        "grid_fits_first_probe_does_not": _grid_fits_first_probe_does_not,
-        "memory_as_counted": _memory_as_counted,
-        "saved_memory_is_p_and_quadratic": _saved_is_mostly_p,
-        "hand_count_fits_yet_out_of_memory": lambda: oom_probes().iloc[0]["backward peak by hand GiB"]
-        < oom_probes().iloc[0]["card GiB"] and oom_probes().iloc[0]["status"] == "OOM",
-        "allocator_set_the_boundary": stranded_block_confirmed,
-        "stranded_block_is_one_score_matrix": lambda: check(32768, DEFAULT)["status"] == "oom"
-        and near(check(32768, DEFAULT).reserved_unallocated_mib, score_mib(32768), 0.02),
-        "unsplit_blocks_lower_the_reserve": lambda: check(16384, SPLIT).reserved_scores < 4.5,
-        # faster forward and backward, and a peak of about half of eager's
-        "compile_pays_from_4096": lambda: (compiled_vs_eager(long=True)[SPEEDUPS] > 1).all().all()
-        and compiled_vs_eager(long=True).peak_ratio.between(0.4, 0.6).all(),
-        # most of the short cells' forwards and backwards are slower compiled
-        "compile_does_not_pay_short": lambda: (compiled_vs_eager(long=False)[SPEEDUPS] < 1).stack().mean() > 0.5,
-        "compile_keeps_memory_before_backward": lambda: compiled_vs_eager(long=True).pipe(
-            lambda m: (m.mem_before_backward_mib_c == m.mem_before_backward_mib_e).all()),
-        "compile_gains_less_with_size": _compile_cut_shrinks,
-        "second_compile_is_warm": _second_compile_is_warm,
-    },
-)
+register("attention", facts={
+    "growth": lambda: span(growth_per_doubling(), ".1f", "x"),
+    "d_ratio_16384": lambda: f"{_eager_ms(16384, 128) / _eager_ms(16384, 16):.2f}",
+    "card_gib": lambda: f"{capacity_gib():.1f}",
+    "largest_seq": lambda: f'{attention_rows().query("d == 64").seq.max():,}',  # the longest that ran
+    "oom_seq": lambda: f"{int(oom_probes().seq.min()):,}",
+    "oom_backward_gib": lambda: f"{oom_probes().iloc[0]['backward peak by hand GiB']:.1f}",
+    "oom_score_gib": lambda: f"{oom_probes().iloc[0]['one score matrix GiB']:.0f}",
+    "compiled_fwd_speedup": lambda: span(compiled_vs_eager(long=True).fwd_speedup, ".2f", "x"),
+    "compiled_bwd_speedup": lambda: span(compiled_vs_eager(long=True).bwd_speedup, ".2f", "x"),
+    "compiled_peak_ratio": lambda: span(compiled_vs_eager(long=True).peak_ratio, ".2f"),
+    "compile_cut": lambda: span(compile_cells().cut, ".0%"),
+    "compile_first_s": lambda: span(compile_cells().first_step_s),
+    # runs.md
+    "oom_margin_gib": lambda: f"{capacity_gib() - attention_memory(8, 32768, 64)['backward_peak'] / GiB:.1f}",
+    "oom_output_mib": lambda: f"{attention_memory(8, 32768, 64)['inputs_qkv'] / 3 / MiB:.0f}",
+}, tables={
+    "forward": lambda: attention_pivot("forward_ms"), "backward": lambda: attention_pivot("backward_ms"),
+    "before_backward": lambda: attention_pivot("mem_before_backward_mib", fmt=".5g"),
+    "memory_check": lambda: with_source(memory_check(), BENCH, floatfmt=",.4g", used=attention_rows()),
+    "oom_probes": lambda: with_source(oom_probes(), BENCH, floatfmt=".1f"),
+    "compiled": compare_table, "compile": compile_table, "checks": checks_table,
+    "compile_vs_profile": lambda: with_source(compile_vs_profile(), "end-to-end/compile", used=compile_rows(),
+                                              formats=dict.fromkeys(["compile removes (forward)",
+                                                                     "eager forward outside matmuls"], ".0%")),
+    "compiled_twice": lambda: with_source(compiled_twice(), "end-to-end/compile", floatfmt=".1f"),
+}, figures={"sweep": attention_figure}, claims={
+    "quadratic_from_4096": lambda: growth_per_doubling().between(3.0, 4.5).all(),
+    "flat_up_to_1024": lambda: (lambda f: f.max() < 2 * f.min())(attention_rows().query("seq <= 1024").forward_ms),
+    "head_dimension_matters_little": lambda: _eager_ms(16384, 128) / _eager_ms(16384, 16) < 4,
+    "grid_fits_first_probe_does_not": _grid_fits_first_probe_does_not,
+    "memory_as_counted": _memory_as_counted,
+    "allocator_set_the_boundary": stranded_block_confirmed,
+    "compile_pays_from_4096": lambda: (compiled_vs_eager(long=True)[SPEEDUPS] > 1).all().all()
+    and compiled_vs_eager(long=True).peak_ratio.between(0.4, 0.6).all(),
+    "compile_does_not_pay_short": lambda: (compiled_vs_eager(long=False)[SPEEDUPS] < 1).stack().mean() > 0.5,
+    "compile_keeps_memory_before_backward": lambda: compiled_vs_eager(long=True).pipe(
+        lambda m: (m.mem_before_backward_mib_c == m.mem_before_backward_mib_e).all()),
+    "compile_gains_less_with_size": _compile_cut_shrinks,
+    "second_compile_is_warm": _second_compile_is_warm,
+})
