@@ -1,7 +1,5 @@
-"""The mixed-precision chapter's numbers (docs/mixed-precision.md, docs/mixed-precision/bf16-timings.md),
-from results/mixed-precision/, the timing grid (a re-measured cell keeps its first row) and the 2026
-phases sweep. The binade walk is computed when the page is built: IEEE arithmetic, the same anywhere.
-"""
+"""The mixed-precision chapter's numbers (docs/mixed-precision.md, mixed-precision/bf16-timings.md), from
+results/mixed-precision/, the timing grid and the 2026 phases sweep; the binade walk is computed (IEEE arithmetic)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from report.attention import compile_rows  # the compile sweep's rows live with 
 from report.profiling import PHASES_BENCH, SIZES, by_size, kernel_cells, phase_cells, phase_rows, pm_each, timings
 from report.registry import register
 from report.results import load_results, markdown_table, newest, ok, where, with_source
-from report.units import span
 
 MODES = ("forward", "forward-backward", "train")
 KEY = ["size", "mode", "dtype"]
@@ -55,8 +52,8 @@ def binade_table() -> str:
     return markdown_table(shown, floatfmt=".6g") + "\n\n*Computed when this page was built (CPU).*"
 
 
-def _binade(name: str, column: str, dtype: torch.dtype = torch.float16) -> float:
-    return float(binades(dtype).loc[name, column])
+def _binade(name: str, column: str) -> float:
+    return float(binades().loc[name, column])
 
 
 def fp32_systematic_error() -> float:
@@ -82,8 +79,7 @@ def autocast_dtypes(device_type: str = "cuda", autocast: str = "fp16") -> dict[s
 
 
 def _autocast_as_answered(device: str) -> bool:
-    """Parameters, loss and gradients fp32, fc1's output and the logits low; layer norm fp32 on the GPU,
-    low on the CPU."""
+    """Parameters, loss and gradients fp32, fc1's output and the logits low; layer norm fp32 on the GPU only."""
     for low, name in LOW.items():
         want = dict.fromkeys(["parameters (inside autocast)", "loss", "gradients"], "float32")
         want |= {"fc1 output": name, "logits": name, "layer-norm output": "float32" if device == "cuda" else name}
@@ -96,8 +92,7 @@ def _autocast_as_answered(device: str) -> bool:
 
 def precision_rows(keep: str = "last") -> pd.DataFrame:
     """Per (size, mode): the fp32 and bf16 cells side by side and fp32 over bf16 (keep="first": first runs)."""
-    t = newest(ok("end-to-end/timings"), KEY, keep=keep).set_index(KEY)
-    r = pd.concat([t.xs(d, level="dtype").add_prefix(f"{d}_") for d in ("fp32", "bf16")], axis=1)
+    r = pd.concat([timings(d, keep).add_prefix(f"{d}_") for d in ("fp32", "bf16")], axis=1)
     r = r.loc[[(s, m) for s in SIZES for m in MODES]]
     return r.assign(speedup=r.fp32_mean_ms / r.bf16_mean_ms)
 
@@ -119,24 +114,21 @@ def precision_table() -> str:
 
 def spread(dtype: str) -> float:
     """The largest std / mean of the newest cells of one dtype."""
-    t = timings(dtype)
-    return (t.std_ms / t.mean_ms).max()
+    return timings(dtype).eval("std_ms / mean_ms").max()
 
 
 # ---- bf16-timings.md: the cells measured twice ----------------------------------------------------------
 
 def remeasured_rows() -> pd.DataFrame:
-    """One row per timing cell measured more than once: its first and newest run and, where the newest
-    sampled the GPU (--record-clocks), the SM clock's range, its maximum and the power's range."""
+    """Per cell timed more than once: its first and newest run, and the newest's clock record (--record-clocks)."""
     out = []
     for cell, g in ok("end-to-end/timings").sort_values("time_utc").groupby(KEY, sort=False):
         if len(g) < 2:
             continue
         a, b = g.iloc[0], g.iloc[-1]
         samples = b.get("clock_samples") if isinstance(b.get("clock_samples"), list) else []
-        sm = [x[1] for x in samples if x[1] is not None]
-        top = [x[2] for x in samples if x[2] is not None] or sm
-        watts = [x[3] for x in samples if x[3] is not None]
+        sm, top, watts = ([x[i] for x in samples if x[i] is not None] for i in (1, 2, 3))  # SM clock, its maximum, W
+        top = top or sm
         out.append({**dict(zip(KEY, cell)), "first_ms": a.mean_ms, "first_std_ms": a.std_ms,
                     "new_ms": b.mean_ms, "new_std_ms": b.std_ms, "change": b.mean_ms / a.mean_ms - 1,
                     "samples": len(samples), "sm_min": min(sm, default=None), "sm_max": max(sm, default=None),
@@ -164,17 +156,11 @@ def remeasured_table() -> str:
 
 
 def fp32_repeats() -> pd.DataFrame:
-    """The same fp32 cell timed by two sweeps in separate processes: the timing grid and the eager
-    cells of the torch.compile sweep (context 512, batch 4, 5 warm-up and 10 steps in both)."""
+    """fp32 cells timed in two processes: the timing grid and the torch.compile sweep's eager cells (same cell)."""
     t = timings("fp32").mean_ms
     c = where(compile_rows(), compile=False, dtype="fp32").set_index(["size", "mode"]).mean_ms
     return by_size(pd.DataFrame([{"size": s, "mode": m, "timing grid ms": t[(s, m)], "compile sweep (eager) ms": c[(s, m)],
                                   "difference": c[(s, m)] / t[(s, m)] - 1} for s, m in c.index if (s, m) in t.index]))
-
-
-def _fp32_repeat(sizes: list[str]) -> float:
-    f = fp32_repeats()
-    return f[f["size"].isin(sizes)].difference.abs().max()
 
 
 def python_us_per_launch() -> float:
@@ -184,8 +170,7 @@ def python_us_per_launch() -> float:
 
 
 def launch_estimate() -> pd.DataFrame:
-    """What launching an fp32 forward's kernels alone would take at context 512, at the Python time
-    per launch of the launch-bound small model at context 128, next to the bf16 forwards measured."""
+    """Launching an fp32 forward's kernels at context 512, at that rate, against the bf16 forwards measured."""
     us, k512 = python_us_per_launch(), where(kernel_cells(), context=512).set_index("size")
     fwd = where(remeasured_rows(), mode="forward", dtype="bf16").set_index("size")
     return pd.DataFrame([{"size": s, "fp32 forward launches": int(k512.loc[s, "fwd_launches"]),
@@ -197,92 +182,74 @@ def launch_estimate() -> pd.DataFrame:
 # ---- (c), 2026: every size of the 2026 table, 10B included (the profiling chapter's phases sweep) ----
 
 def phase_speedups() -> pd.DataFrame:
-    """Per 2026 size: the forward+backward step (its two phases summed) in fp32 and bf16, and fp32
-    over bf16 for it and for the training step (NaN where the training step ran out of memory)."""
+    """Per 2026 size: fp32 over bf16 for the forward+backward (its two phases) and the training step (NaN: OOM)."""
     f, b = (phase_cells().xs(d, level="dtype") for d in ("fp32", "bf16"))
-    return pd.DataFrame({"fb_fp32_ms": f.fb_ms, "fb_bf16_ms": b.fb_ms, "fb_speedup": f.fb_ms / b.fb_ms,
-                         "train_speedup": f.step_mean_ms / b.step_mean_ms})
+    return pd.DataFrame({"size": f.index, "forward+backward fp32 ms": f.fb_ms, "bf16 ms": b.fb_ms,
+                         "speed-up": f.fb_ms / b.fb_ms, "training step speed-up": f.step_mean_ms / b.step_mean_ms})
 
 
-def phase_speedup_table() -> str:
-    s = phase_speedups()
-    shown = pd.DataFrame({"size": s.index, "forward+backward fp32 ms": s.fb_fp32_ms, "bf16 ms": s.fb_bf16_ms,
-                          "speed-up": s.fb_speedup, "training step speed-up": s.train_speedup})
-    return with_source(shown, PHASES_BENCH, used=phase_rows().reset_index(),
-                       formats={"forward+backward fp32 ms": ",.0f", "bf16 ms": ",.0f", "speed-up": ".1f",
-                                "training step speed-up": lambda v: "out of memory" if pd.isna(v) else f"{v:.1f}"})
-
-
-register(
-    "mixed_precision",
-    facts={
-        "fp32_result": lambda: f"{_gpu('fp32 += fp32'):.6f}",
-        "fp16_result": lambda: f"{_gpu('fp16 += fp16'):.6f}",
-        "mixed_result": lambda: f"{_gpu('fp32 += fp16'):.6f}",
-        "addend_fp16": lambda: repr(FP16_ADDEND),
-        "addend_fp16_times_n": lambda: f"{N_ADDS * FP16_ADDEND:.6f}",
-        "ulps_4_8": lambda: f"{_binade('[4, 8)', 'addend_in_ulps'):.2f}",
-        "ulps_8_16": lambda: f"{_binade('[8, 16)', 'addend_in_ulps'):.2f}",
-        "fp32_systematic_error": lambda: f"{fp32_systematic_error():+.6f}",
-        # (a): mixed_precision.cuda_fp16_fc1 and so on
-        **{f"cuda_fp16_{short}": (lambda t=tensor: f"`{autocast_dtypes()[t]}`") for short, tensor in AUTOCAST_TENSORS.items()},
-        # (c)
-        "speedup_small_train": lambda: f"{speedups().loc['small', 'train']:.2f}",
-        "speedup_large_fb": lambda: f"{speedups().loc['2.7B', 'forward-backward']:.1f}",
-        "peak_ratio": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}",
-        "bf16_cv_max": lambda: f"{spread('bf16'):.0%}",
-        "fp32_cv_max": lambda: f"{spread('fp32'):.1%}",
-        # (c), 2026
-        "phase_speedup_small": lambda: f"{phase_speedups().fb_speedup['small']:.1f}",
-        "phase_speedup_10b": lambda: f"{phase_speedups().fb_speedup['10B']:.1f}",
-        "phase_speedup_27b": lambda: f"{phase_speedups().fb_speedup['2.7B']:.1f}",
-        "phase_speedup_27b_train": lambda: f"{phase_speedups().train_speedup['2.7B']:.1f}",
-        # bf16-timings.md
-        "launch_us": lambda: f"{python_us_per_launch():.0f}",
-        "remeasured_change": lambda: span(remeasured_rows().change, "+.0%"),
-        "rerun_cv_max": lambda: f"{(remeasured_rows().new_std_ms / remeasured_rows().new_ms).max():.0%}",
-        "sm_clock_top": lambda: f"{remeasured_rows().sm_top.max():.0f}",
-        "fp32_repeat_big": lambda: f"{_fp32_repeat(['large', 'xl', '2.7B']):.1%}",
-        "fp32_repeat_small": lambda: f"{_fp32_repeat(['small']):.0%}",
-    },
-    tables={
-        "accumulation": accumulation_table, "binades": binade_table, "precision": precision_table,
-        "autocast": lambda: with_source(load_results("mixed-precision/autocast_dtypes").pivot_table(
-            index=["device_type", "tensor"], columns="autocast", values="dtype", aggfunc="first").reset_index()
-            .rename_axis(columns=None), "mixed-precision/autocast_dtypes"),
-        "remeasured": remeasured_table, "phase_speedups": phase_speedup_table,
-        "fp32_repeats": lambda: markdown_table(fp32_repeats(), floatfmt=",.1f", formats={"difference": "+.1%"}),
-        "launch_estimate": lambda: markdown_table(launch_estimate(), floatfmt=".0f"),
-    },
-    claims={
-        "fp32_nearly_exact_fp16_not": lambda: all(
-            abs(accumulation().loc[(d, "fp32 += fp32"), "error"]) < 1e-3 < abs(accumulation().loc[(d, "fp16 += fp16"), "error"])
-            for d in ("cuda", "cpu")),
-        "mixed_loops_err_by_the_rounded_addend": _mixed_loops_exact,
-        "cpu_and_gpu_bit_identical": lambda: (accumulation().xs("cuda").value == accumulation().xs("cpu").value).all(),
-        "rounds_up_to_three_ulps": lambda: abs(_binade("[4, 8)", "added_per_add") / _binade("[4, 8)", "ulp") - 3) < 0.01,
-        "rounds_down_to_one_ulp": lambda: _binade("[8, 16)", "added_per_add") == _binade("[8, 16)", "ulp")
-        and binades().index[-1] == "[8, 16)",
-        "fp32_error_is_its_roundings": lambda: abs(fp32_systematic_error() / _gpu("fp32 += fp32", "error") - 1) < 1e-6,
-        "autocast_dtypes_as_answered": lambda: _autocast_as_answered("cuda"),
-        "cpu_autocast_keeps_layer_norm_low": lambda: _autocast_as_answered("cpu"),
-        "speedup_grows_with_size": lambda: all(speedups()[m].is_monotonic_increasing for m in MODES),
-        "small_train_gains_nothing": lambda: speedups().loc["small", "train"] < 1.05 and speedups().loc["2.7B"].min() > 2,
-        "bf16_noisier_than_fp32": lambda: spread("bf16") > spread("fp32"),
-        "remeasured_are_the_big_bf16_cells": lambda: set(remeasured_rows()["size"]) == {"large", "xl", "2.7B"}
-        and set(remeasured_rows()["dtype"]) == {"bf16"},
-        "remeasured_moved": lambda: remeasured_rows().change.abs().max() > 0.2,
-        "clock_held": lambda: remeasured_rows().sm_min.min() >= 0.95 * remeasured_rows().sm_top.max(),
-        # with each cell's first run, the large forward's speed-up does not rise over the medium one's
-        "first_runs_break_large_ordering": lambda: speedups("first").forward["large"] <= speedups("first").forward["medium"],
-        "fp32_repeats_agree": lambda: _fp32_repeat(["large", "xl", "2.7B"]) < 0.02
-        and _fp32_repeat(["small"]) > _fp32_repeat(["large", "xl", "2.7B"]) and set(fp32_repeats()["size"]) == set(SIZES),
-        # same order of magnitude: each bf16 forward, both runs, within 3x of the launch estimate either way
-        "launching_takes_the_bf16_time": lambda: (lambda e: e.iloc[:, 3:].div(e["launch time ms (estimate)"], axis=0)
-                                                  .stack().between(1 / 3, 3).all())(launch_estimate()),
-        # the forward+backward gain grows with size; 2.7B's training step gains less; only 10B has none
-        "phase_speedups_as_answered": lambda: (lambda s: s.fb_speedup.is_monotonic_increasing
-                                               and s.train_speedup["2.7B"] < s.fb_speedup["2.7B"]
-                                               and list(s.index[s.train_speedup.isna()]) == ["10B"])(phase_speedups()),
-    },
-)
+register("mixed_precision", facts={
+    "fp32_result": lambda: f"{_gpu('fp32 += fp32'):.6f}",
+    "fp16_result": lambda: f"{_gpu('fp16 += fp16'):.6f}",
+    "mixed_result": lambda: f"{_gpu('fp32 += fp16'):.6f}",
+    "addend_fp16": lambda: repr(FP16_ADDEND),
+    "addend_fp16_times_n": lambda: f"{N_ADDS * FP16_ADDEND:.6f}",
+    "fp32_systematic_error": lambda: f"{fp32_systematic_error():+.6f}",
+    # (a): mixed_precision.cuda_fp16_fc1 and so on
+    **{f"cuda_fp16_{short}": (lambda t=tensor: f"`{autocast_dtypes()[t]}`") for short, tensor in AUTOCAST_TENSORS.items()},
+    # (c)
+    "speedup_small_train": lambda: f"{speedups().loc['small', 'train']:.2f}",
+    "speedup_large_fb": lambda: f"{speedups().loc['2.7B', 'forward-backward']:.1f}",
+    "peak_ratio": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / peak_flops('NVIDIA H200', 'fp32'):.0f}",
+    "bf16_cv_max": lambda: f"{spread('bf16'):.0%}",
+    "fp32_cv_max": lambda: f"{spread('fp32'):.1%}",
+    # (c), 2026
+    "phase_speedup_small": lambda: f"{phase_speedups()['speed-up']['small']:.1f}",
+    "phase_speedup_10b": lambda: f"{phase_speedups()['speed-up']['10B']:.1f}",
+    "phase_speedup_27b": lambda: f"{phase_speedups()['speed-up']['2.7B']:.1f}",
+    "phase_speedup_27b_train": lambda: f"{phase_speedups()['training step speed-up']['2.7B']:.1f}",
+    # bf16-timings.md
+    "launch_us": lambda: f"{python_us_per_launch():.0f}",
+}, tables={
+    "accumulation": accumulation_table, "binades": binade_table, "precision": precision_table,
+    "autocast": lambda: with_source(load_results("mixed-precision/autocast_dtypes").pivot_table(
+        index=["device_type", "tensor"], columns="autocast", values="dtype", aggfunc="first").reset_index()
+        .rename_axis(columns=None), "mixed-precision/autocast_dtypes"),
+    "remeasured": remeasured_table,
+    "phase_speedups": lambda: with_source(phase_speedups(), PHASES_BENCH, used=phase_rows().reset_index(), formats={
+        "forward+backward fp32 ms": ",.0f", "bf16 ms": ",.0f", "speed-up": ".1f",
+        "training step speed-up": lambda v: "out of memory" if pd.isna(v) else f"{v:.1f}"}),
+    "fp32_repeats": lambda: markdown_table(fp32_repeats(), floatfmt=",.1f", formats={"difference": "+.1%"}),
+    "launch_estimate": lambda: markdown_table(launch_estimate(), floatfmt=".0f"),
+}, claims={
+    "fp32_nearly_exact_fp16_not": lambda: all(
+        abs(accumulation().loc[(d, "fp32 += fp32"), "error"]) < 1e-3 < abs(accumulation().loc[(d, "fp16 += fp16"), "error"])
+        for d in ("cuda", "cpu")),
+    "mixed_loops_err_by_the_rounded_addend": _mixed_loops_exact,
+    "cpu_and_gpu_bit_identical": lambda: (accumulation().xs("cuda").value == accumulation().xs("cpu").value).all(),
+    "rounds_up_to_three_ulps": lambda: abs(_binade("[4, 8)", "added_per_add") / _binade("[4, 8)", "ulp") - 3) < 0.01,
+    "rounds_down_to_one_ulp": lambda: _binade("[8, 16)", "added_per_add") == _binade("[8, 16)", "ulp")
+    and binades().index[-1] == "[8, 16)",
+    "fp32_error_is_its_roundings": lambda: abs(fp32_systematic_error() / _gpu("fp32 += fp32", "error") - 1) < 1e-6,
+    "autocast_dtypes_as_answered": lambda: _autocast_as_answered("cuda"),
+    "cpu_autocast_keeps_layer_norm_low": lambda: _autocast_as_answered("cpu"),
+    "speedup_grows_with_size": lambda: all(speedups()[m].is_monotonic_increasing for m in MODES)
+    and speedups().loc["small", "train"] < 1.05 and speedups().loc["2.7B"].min() > 2,
+    "bf16_noisier_than_fp32": lambda: spread("bf16") > spread("fp32"),
+    # the big bf16 cells, measured twice, moved by more than a fifth while the SM clock held within 5% of its top
+    "remeasured_moved_at_a_held_clock": lambda: (lambda r: set(r["size"]) == {"large", "xl", "2.7B"}
+        and set(r["dtype"]) == {"bf16"} and r.change.abs().max() > 0.2
+        and r.sm_min.min() >= 0.95 * r.sm_top.max())(remeasured_rows()),
+    # with each cell's first run, the large forward's speed-up does not rise over the medium one's
+    "first_runs_break_large_ordering": lambda: speedups("first").forward["large"] <= speedups("first").forward["medium"],
+    "fp32_repeats_agree": lambda: (lambda d: d[["large", "xl", "2.7B"]].max() < min(0.02, d["small"].max())
+                                   and set(d.index) == set(SIZES))(
+        fp32_repeats().set_index("size").difference.abs()),
+    # same order of magnitude: each bf16 forward, both runs, within 3x of the launch estimate either way
+    "launching_takes_the_bf16_time": lambda: (lambda e: e.iloc[:, 3:].div(e["launch time ms (estimate)"], axis=0)
+                                              .stack().between(1 / 3, 3).all())(launch_estimate()),
+    # the forward+backward gain grows with size; 2.7B's training step gains less; only 10B has none
+    "phase_speedups_as_answered": lambda: (lambda f, t: f.is_monotonic_increasing and t["2.7B"] < f["2.7B"]
+                                           and list(t.index[t.isna()]) == ["10B"])(
+        phase_speedups()["speed-up"], phase_speedups()["training step speed-up"]),
+})

@@ -1,7 +1,5 @@
 """The profiling chapter's numbers (docs/profiling.md, docs/profiling/double-count.md), read from
-results/end-to-end/{timings,warmup,phases}/ and results/profiling/: the kernel grid (one row per cell,
-one per kernel, phase and region), and for the 2026 cells context_probe/ and longest_fit_{cells,kernels}/.
-"""
+results/end-to-end/{timings,warmup,phases}/ and results/profiling/ (the kernel grid, the 2026 cells)."""
 
 from __future__ import annotations
 
@@ -45,9 +43,9 @@ def parameter_tensors(size: str) -> int:
 
 # ---- benchmarking_script (b): five sizes -----------------------------------------------------------
 
-def timings(dtype: str = "fp32") -> pd.DataFrame:
-    """Newest row per (size, mode) of the timing grid at one dtype, indexed by (size, mode)."""
-    t = newest(ok("end-to-end/timings"), ["size", "mode", "dtype"])
+def timings(dtype: str = "fp32", keep: str = "last") -> pd.DataFrame:
+    """Newest row (keep="first": first) per (size, mode) of the timing grid at one dtype, indexed by (size, mode)."""
+    t = newest(ok("end-to-end/timings"), ["size", "mode", "dtype"], keep=keep)
     return t[t["dtype"] == dtype].set_index(["size", "mode"])
 
 
@@ -68,11 +66,6 @@ def e2e_table() -> str:
                           "bwd / fwd": r.bwd_ms / r.f_mean_ms, "MFU fwd+bwd": r.fb_mfu, "peak GiB (train)": r.train_peak_mem_gib})
     return with_source(shown, "end-to-end/timings", used=timings("fp32").reset_index(),
                        formats={"params (M)": ",.1f", "MFU fwd+bwd": ".0%"})
-
-
-def _large_over_small(column: str) -> float:
-    r = e2e_rows()[column]
-    return r["2.7B"] / r["small"]
 
 
 # ---- benchmarking_script (c): warm-up -------------------------------------------------------------
@@ -124,11 +117,6 @@ def warmup_figure(mode: str = "forward-backward"):
     return fig
 
 
-def _w5_vs_w1(small: bool) -> float:
-    w = warmup_rows()
-    return w[(w["size"] == "small") == small].w5_vs_w1.max()
-
-
 # ---- nsys_profile: the kernel profiles -----------------------------------------------------------
 
 GRID = ("profiling/kernel_cells", "profiling/kernels")  # the 2025 grid: every size, contexts 128 to 1,024
@@ -140,19 +128,16 @@ def kernel_cells(grid: tuple[str, str] = GRID) -> pd.DataFrame:
     c = by_size(newest(ok(grid[0]), ["size", "context"]).sort_values("context"))
     mm = c.fwd_kernel_ms * c.fwd_matmul_share + c.bwd_kernel_ms * c.bwd_matmul_share
     fb = c.fwd_kernel_ms + c.bwd_kernel_ms
-    return c.assign(fb_matmul_share=mm / fb, step_matmul_share=mm / (fb + c.opt_kernel_ms),
-                    fb_other_share=1 - mm / fb).reset_index(drop=True)
+    return c.assign(fb_matmul_share=mm / fb, step_matmul_share=mm / (fb + c.opt_kernel_ms)).reset_index(drop=True)
 
 
 def overcounted(r) -> list[str]:
-    """Phases of one cell whose kernel time exceeds the phase's wall time: on one CUDA stream kernels
-    run one after another, so a ratio above 1 means some kernels were counted twice."""
+    """Phases of one cell with more kernel time than wall time: on one stream, kernels counted twice."""
     return [p for p in PHASES if r[f"{p}_kernel_ms"] > r[f"{p}_range_ms"] * (1 + RANGE_TOLERANCE)]
 
 
 def kernel_rows(grid: tuple[str, str] = GRID) -> pd.DataFrame:
-    """The kernel rows of the newest profiler run of each cell. Cells whose row names its `cell_run`
-    get that run's kernels only; older cells (no run id) keep the newest row per kernel."""
+    """The kernel rows of each cell's newest profiler run (its `cell_run`; without one, the newest per kernel)."""
     k = ok(grid[1])
     if "cell_run" not in k:
         k = k.assign(cell_run=None)
@@ -232,8 +217,7 @@ def flop_ratio(d_head: int) -> float:
 
 
 def attention_region_rows(grid: tuple[str, str] = GRID) -> pd.DataFrame:
-    """(e) per profiler cell, the forward's attention regions; the softmax region against the two
-    matmul kernels alone (the scaling kernel of the scores region left out), in time and in FLOPs."""
+    """(e) per cell: the forward's softmax region against the two matmul kernels alone, in time and FLOPs."""
     k = kernel_rows(grid)
     k = k[(k["phase"] == "forward") & k["region"].isin(["attn_scores", "attn_output"]) & k["kernel"].map(is_matmul)]
     c = kernel_cells(grid)
@@ -245,19 +229,17 @@ def attention_region_rows(grid: tuple[str, str] = GRID) -> pd.DataFrame:
 
 
 def attention_regions_table() -> str:
-    a = attention_region_rows()
-    shown = pd.DataFrame({
-        "size": a["size"], "ctx": a.context, "scores (QKᵀ, scale) ms": a.scores_ms,
-        "softmax (mask, softmax) ms": a.softmax_ms, "output (PV) ms": a.output_ms,
-        "softmax / matmul time": a.time_ratio, "softmax / matmul FLOPs": a.flop_ratio,
-        "time ratio / FLOP ratio": a.per_flop})
+    shown = attention_region_rows().rename(columns={
+        "context": "ctx", "scores_ms": "scores (QKᵀ, scale) ms", "softmax_ms": "softmax (mask, softmax) ms",
+        "output_ms": "output (PV) ms", "time_ratio": "softmax / matmul time", "flop_ratio": "softmax / matmul FLOPs",
+        "per_flop": "time ratio / FLOP ratio"})
     return with_source(shown, GRID[0], used=kernel_cells())
 
 
 # ---- the double count of the first attribution (profiling/double-count.md) ----------------------
 
 def first_attribution(df: pd.DataFrame, column: str) -> pd.DataFrame:
-    """The rows of the first attribution: those without `column` (the later runs' field)."""
+    """The rows without `column`, a field only the re-run writes."""
     return df[df[column].isna()] if column in df else df
 
 
@@ -282,8 +264,7 @@ def marked_rows() -> pd.DataFrame:
 
 
 def silu_surplus() -> pd.DataFrame:
-    """First-attribution cells listing more forward SiLU launches than the model has layers (SwiGLU
-    applies SiLU once per layer in the forward)."""
+    """First-attribution cells with more forward SiLU launches than layers (SwiGLU has one per layer)."""
     k = newest(first_attribution(ok(GRID[1]), "cell_run"), ["size", "context", "phase", "region", "kernel"])
     k = k[(k["phase"] == "forward") & k["kernel"].str.contains("silu_kernel")]
     g = k.groupby(["size", "context"], as_index=False)["calls"].sum()
@@ -310,23 +291,17 @@ def rerun_checks() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def rerun_table() -> str:
-    return with_source(rerun_checks(), GRID[0], used=rerun_cells(),
-                       formats={"old sum over unique, fwd": "+.1%", "max kernels / range": ".3f"})
-
-
-def inflated() -> pd.DataFrame:
-    """Re-profiled cells where the old per-op sum exceeds the unique count in the forward."""
+def _most_collisions_most_inflation() -> bool:
+    """The cells whose old per-op sum exceeds the unique count hold more colliding ids than any other."""
     c = rerun_checks()
-    return c[c["old sum over unique, fwd"] > RANGE_TOLERANCE]
+    up = c["old sum over unique, fwd"] > RANGE_TOLERANCE
+    return up.any() and c[up]["colliding CPU ids"].min() > c[~up]["colliding CPU ids"].max()
 
 
 # ---- the 2026 edition: every size's phases, 10B among them ----------------------------------------
 
 SIZES_2026 = edition_presets("2026")  # small, medium, large, 2.7B (the 2026 "xl"), 10B
 PHASES_BENCH = "end-to-end/phases"
-PHASE_BATCH, PHASE_CONTEXT = 4, 512  # the phases part's cells (profiling/sweeps.py: batch 4, --context)
-FP32_ADAMW_BYTES = 16  # per parameter: fp32 weights, gradients and AdamW's two moments
 
 
 def phase_rows() -> pd.DataFrame:
@@ -335,8 +310,7 @@ def phase_rows() -> pd.DataFrame:
 
 
 def phase_cells() -> pd.DataFrame:
-    """Per (size, dtype): the training step's row, phase times from the forward+backward step where it ran
-    out of memory, and that step's status, peak and time (fb_*)."""
+    """Per (size, dtype): the training step, its phases from the forward+backward step's (fb_*) where it failed."""
     r = phase_rows()
     cells = pd.MultiIndex.from_product([SIZES_2026, ["fp32", "bf16"]], names=["size", "dtype"])
     train, fb = (r.xs(m, level="mode").reindex(cells) for m in ("train", "forward-backward"))
@@ -360,37 +334,23 @@ def phases_2026_table() -> str:
     return with_source(shown, PHASES_BENCH, used=phase_rows().reset_index(), formats={"peak GiB": ".1f"})
 
 
-def phase_sum_over_timings(dtype: str = "fp32") -> pd.Series:
-    """Per 2025 size: the synchronised phases of a training step, summed, over the timing grid's step."""
-    t, p = timings(dtype), phase_rows()
-    return pd.Series({s: p.step_mean_ms[(s, "train", dtype)] / t.loc[(s, "train"), "mean_ms"] for s in SIZES
-                      if (s, "train", dtype) in p.index})
-
-
 def ten_b_memory() -> dict:
-    """The 10B training step's fp32 arithmetic at the phases part's cell (phase_timing.step_memory)."""
-    return step_memory(get_config("10B"), mode="train", batch=PHASE_BATCH, context=PHASE_CONTEXT)
+    """The 10B training step's fp32 arithmetic at the phases part's cell (batch 4, context 512)."""
+    return step_memory(get_config("10B"), mode="train", batch=4, context=512)
 
 
 def _ten_b_training_cannot_fit() -> bool:
-    """Weights, gradients and two moments (16 bytes a parameter) exceed the H200's memory; weights and
-    gradients alone do not."""
-    m, n = ten_b_memory(), count_parameters(get_config("10B"))["total"]
+    """fp32 weights, gradients and AdamW's two moments (16 bytes a parameter) exceed the H200, the first two do not;
+    so in both dtypes the forward+backward ran, peaking (fp32) at those two, and the first optimizer step ran out."""
+    m, n, c = ten_b_memory(), count_parameters(get_config("10B"))["total"], phase_cells().loc["10B"]
     wg, state = m["weights_gib"] + m["grads_gib"], m["weights_gib"] + m["grads_gib"] + m["adamw_gib"]
-    return abs(state * 2**30 - FP32_ADAMW_BYTES * n) < 1 and wg < capacity_gib() < state
-
-
-def _ten_b_training_ran_out_in_the_optimizer() -> bool:
-    """Both dtypes: the forward+backward ran, fp32's peaking at the weights and gradients (within 2%);
-    the training step failed in the optimizer phase of its first step."""
-    m, c = ten_b_memory(), phase_cells().loc["10B"]
-    return ((c.fb_status == "ok") & (c.status == "oom") & (c.oom_phase == "optimizer") & (c.oom_step == 0)).all() \
-        and abs(c.fb_peak_gib["fp32"] / (m["weights_gib"] + m["grads_gib"]) - 1) < 0.02
+    ran_out = (c.fb_status == "ok") & (c.status == "oom") & (c.oom_phase == "optimizer") & (c.oom_step == 0)
+    return abs(state * 2**30 - 16 * n) < 1 and wg < capacity_gib() < state and ran_out.all() \
+        and abs(c.fb_peak_gib["fp32"] / wg - 1) < 0.02
 
 
 def _optimizer_ignores_the_dtype() -> bool:
-    """AdamW's phase takes the same time in both dtypes (within 15%: the bf16 small to large cells are
-    noisy) at every size that trained, and its share of the 2.7B step grows under bf16 over four times."""
+    """AdamW's time is the same in both dtypes, within 15% (the small to large bf16 cells are noisy)."""
     c = where(phase_cells(), status="ok")
     t = c.optimizer_mean_ms.unstack("dtype").dropna()
     share = c.opt_share["2.7B"]
@@ -404,12 +364,10 @@ def probe_rows() -> pd.DataFrame:
     return by_size(newest(load_results(PROBE_BENCH), ["size", "context"]).sort_values("context")).reset_index(drop=True)
 
 
-def longest_fit(size: str) -> int:
-    return int(where(probe_rows(), size=size, status="ok").context.max())
-
-
-def first_oom(size: str) -> int:
-    return int(where(probe_rows(), size=size, status="oom").context.min())
+def longest_fit(size: str, status: str = "ok") -> int:
+    """The longest context that fit; with status "oom", the shortest that ran out of memory."""
+    c = where(probe_rows(), size=size, status=status).context
+    return int(c.max() if status == "ok" else c.min())
 
 
 def probe_table() -> str:
@@ -423,8 +381,7 @@ def probe_table() -> str:
 
 
 def _longest_fit_as_probed() -> bool:
-    """Each size: contexts doubling from 256, all fitting but the last, which asked for one more fp32 score
-    matrix (batch 4); the profiled cells are the longest and the two below it."""
+    """Contexts doubling from 256 until one more fp32 score matrix (batch 4) did not fit, then profiled."""
     cells = kernel_cells(LONGEST)
     good = True
     for size, q in probe_rows().groupby("size"):
@@ -437,9 +394,8 @@ def _longest_fit_as_probed() -> bool:
 
 
 def _long_contexts_as_answered() -> bool:
-    """(a) every cell's forward kernels within 10% of the timer; (b) the top forward kernel the fp32
-    SIMT GEMM; (d) the forward's matmul share falls with the context in both sizes; (e) softmax over
-    matmul time grows with it and passes 1 only in the small model's two longest cells, under 2% of the FLOPs."""
+    """(a) kernels within 10% of the timer; (b) the fp32 SIMT GEMM on top; (d) the matmul share falls, (e) softmax
+    over matmul time rises with the context, above 1 only in small's two longest cells, under 2% of the FLOPs."""
     c, a = kernel_cells(LONGEST), attention_region_rows(LONGEST)
     slow = a[a.time_ratio > 1]
     return ((c.fwd_kernel_ms / c.fwd_python_ms).between(0.9, 1.0).all() and _top_is_fp32_simt_gemm(top_kernels(None, LONGEST))
@@ -448,128 +404,105 @@ def _long_contexts_as_answered() -> bool:
             and set(slow.context) == {longest_fit("small") // 2, longest_fit("small")}
             and (slow["size"] == "small").all() and (a.flop_ratio < 0.02).all())
 
-register(
-    "profiling",
-    facts={
-        "peak_fp32_tflops": lambda: f"{peak_flops('NVIDIA H200', 'fp32') / 1e12:.0f}",
-        "peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
-        "params_10b_b": lambda: f"{count_parameters(get_config('10B'))['total'] / 1e9:.2f}",
-        "weights_grads_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib'] - ten_b_memory()['adamw_gib']:.0f}",
-        "train_state_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib']:.0f}",
-        "h200_capacity_gib": lambda: f"{capacity_gib():.1f}",
-        # (b), 2026
-        "bwd_over_fwd_2026": lambda: span(where(phase_cells(), dtype="fp32").bwd_over_fwd, ".1f"),
-        "opt_share_27b_fp32": lambda: f"{phase_cells().opt_share[('2.7B', 'fp32')]:.0%}",
-        "opt_share_27b_bf16": lambda: f"{phase_cells().opt_share[('2.7B', 'bf16')]:.0%}",
-        "fb_peak_10b_gib": lambda: f"{phase_cells().fb_peak_gib[('10B', 'fp32')]:.1f}",
-        "phase_sum_excess_27b": lambda: f"{phase_sum_over_timings()['2.7B'] - 1:.1%}",
-        "phase_sum_excess_max": lambda: f"{phase_sum_over_timings().max() - 1:.0%}",
-        # nsys_profile, 2026
-        "longest_small": lambda: f"{longest_fit('small'):,}", "first_oom_small": lambda: f"{first_oom('small'):,}",
-        "longest_27b": lambda: f"{longest_fit('2.7B'):,}", "first_oom_27b": lambda: f"{first_oom('2.7B'):,}",
-        "lf_kernels_over_timer": lambda: span(kernel_cells(LONGEST).eval("fwd_kernel_ms / fwd_python_ms"), ".0%"),
-        # (b)
-        "fwd_ms": lambda: span(e2e_rows().f_mean_ms),
-        "bwd_ms": lambda: span(e2e_rows().bwd_ms),
-        "fb_cv_max": lambda: f"{e2e_rows().fb_cv.max():.1%}",
-        "time_ratio_large_small": lambda: f"{_large_over_small('fb_mean_ms'):.0f}",
-        "param_ratio_large_small": lambda: f"{_large_over_small('params'):.0f}",
-        # (c)
-        "first_extra_fb_ms": lambda: span(where(warmup_rows(), mode="forward-backward").extra_ms),
-        "first_over_steady_small_fwd": lambda: f"{where(warmup_rows(), mode='forward', size='small').first_over_steady.iloc[0]:.0f}",
-        "w1_vs_w2_max": lambda: f"{warmup_rows().w1_vs_w2.max():.1%}",
-        "std_w1_over_w2": lambda: span(warmup_rows().std_w1_over_w2, ".2f"),
-        "w5_vs_w1_max_big": lambda: f"{_w5_vs_w1(small=False):.1%}",
-        "w5_vs_w1_max_small": lambda: f"{_w5_vs_w1(small=True):.0%}",
-        # nsys_profile
-        "large_fwd_kernel_ms": lambda: f"{_cell('2.7B', 512).fwd_kernel_ms:.0f}",
-        "large_fwd_python_ms": lambda: f"{_cell('2.7B', 512).fwd_python_ms:.0f}",
-        "small_fwd_kernel_ms": lambda: f"{_cell('small', 128).fwd_kernel_ms:.1f}",
-        "small_fwd_python_ms": lambda: f"{_cell('small', 128).fwd_python_ms:.1f}",
-        "top_not_fwd_sizes": lambda: listed(top_kernels().query("not both_is_fwd_top")["size"]),
-        "other_share": lambda: span(kernel_cells().fb_other_share, ".0%"),
-        "fwd_matmul_share": lambda: span(kernel_cells().fwd_matmul_share, ".0%"),
-        "step_matmul_share": lambda: span(kernel_cells().step_matmul_share, ".0%"),
-        "adamw_launches_per_tensor": lambda: f"{_cell('small', 512).opt_launches / parameter_tensors('small'):.0f}",
-        "softmax_time_ratio": lambda: span(attention_region_rows().time_ratio, ".0%"),
-        "softmax_flop_ratio_d64": lambda: f"{flop_ratio(64):.1%}",
-        "softmax_per_flop": lambda: span(attention_region_rows().per_flop),
-        # double-count.md
-        "inflated_cells": lambda: len(inflated()),
-        "old_sum_excess_fwd_max": lambda: f"{rerun_checks()['old sum over unique, fwd'].max():+.1%}",
-    },
-    tables={
-        "e2e": e2e_table, "warmup": warmup_table, "phases": profile_table, "phases_2026": phases_2026_table,
-        "probe": probe_table, "longest_fit": lambda: profile_table(LONGEST), "top_kernels": top_kernel_table,
-        "xl_forward_other": lambda: other_kernels("forward"), "xl_backward_other": lambda: other_kernels("backward"),
-        "attention_regions": attention_regions_table,
-        "marked": lambda: with_source(marked_rows(), GRID[0]),
-        "silu": lambda: with_source(silu_surplus(), GRID[1]), "rerun": rerun_table,
-    },
-    figures={"warmup": warmup_figure},
-    claims={
-        # (b): a spread under 5% would not hide a 10% effect
-        "steps_are_steady": lambda: e2e_rows().fb_cv.max() < 0.05,
-        "backward_twice_forward": lambda: (e2e_rows().bwd_ms / e2e_rows().f_mean_ms).between(1.5, 2.5).all(),
-        "small_model_leaves_gpu_idle": lambda: _large_over_small("fb_mean_ms") < _large_over_small("params")
-        and e2e_rows().fb_mfu.idxmin() == "small",
-        # (c): without warm-up the first step dominates the spread; one warm-up step removes it
-        "first_step_is_slow": lambda: (warmup_rows().first_over_steady > 1.2).all()
-        and (warmup_rows().w0_std > 10 * warmup_rows().w1_std).all(),
-        "one_warmup_step_is_enough": lambda: warmup_rows().w1_vs_w2.max() < 0.02,
-        "small_model_moves_between_processes": lambda: _w5_vs_w1(small=True) > _w5_vs_w1(small=False),
-        "first_step_extra_is_constant": lambda: all(
-            g.extra_ms.max() < 3 * g.extra_ms.min() and g.set_index("size").first_over_steady.idxmax() == "small"
-            for _, g in warmup_rows().groupby("mode")),
-        # nsys_profile
-        "no_cell_ran_out_of_memory": lambda: (newest(load_results(GRID[0]), ["size", "context"])["status"] == "ok").all(),
-        "every_cell_profiled_again": lambda: len(rerun_cells()) == len(kernel_cells())
-        and not any(overcounted(r) for _, r in kernel_cells().iterrows()),
-        "busy_gpu_timer_agrees": lambda: abs(_cell("2.7B", 512).fwd_kernel_ms / _cell("2.7B", 512).fwd_python_ms - 1) < 0.05,
-        "small_cells_wait_for_launches": lambda: _cell("small", 128).fwd_kernel_ms < 0.5 * _cell("small", 128).fwd_python_ms,
-        "profiled_range_is_longer": lambda: _cell("small", 128).fwd_range_ms > _cell("small", 128).fwd_python_ms,
-        "top_kernel_is_fp32_simt_gemm": lambda: _top_is_fp32_simt_gemm(top_kernels()),
-        "top_of_both_is_a_matmul_not_always_the_forwards": lambda: top_kernels().both_top.map(is_matmul).all()
-        and 0 < (~top_kernels().both_is_fwd_top).sum() < len(top_kernels()),
-        "matmul_share_falls_in_training": lambda: (kernel_cells().step_matmul_share < kernel_cells().fwd_matmul_share).all(),
-        # AdamW's kernels cost the same at every context, so they cut the share least where the rest is longest
-        "optimizer_cost_ignores_context": lambda: all(
-            (g.fb_matmul_share - g.step_matmul_share)[1024] < (g.fb_matmul_share - g.step_matmul_share)[128]
-            and g.opt_kernel_ms.max() < 1.05 * g.opt_kernel_ms.min()
-            for _, g in kernel_cells().set_index("context").groupby("size")),
-        "adamw_launches_whole_kernels_per_tensor": lambda: _cell("small", 512).opt_launches % parameter_tensors("small") == 0,
-        "forward_other_kernels_as_named": lambda: all(name in other_kernels("forward")
-                                                      for name in ("softmax_warp_forward", "elementwise_kernel", "Memcpy DtoD")),
-        "softmax_is_memory_bound": lambda: (attention_region_rows().per_flop > 10).all()
-        and (attention_region_rows().flop_ratio < 0.05).all(),
-        # the 2026 edition: its sizes are our presets, its xl our 2.7B, its 10B 4608 wide, d_ff 12288, 50 layers, 36 heads
-        "the_2026_table": lambda: SIZES_2026 == ["small", "medium", "large", "2.7B", "10B"] and tuple(
-            getattr(get_config("10B"), f) for f in ("d_model", "d_ff", "num_layers", "num_heads")) == (4608, 12288, 50, 36),
-        "ten_b_training_cannot_fit": _ten_b_training_cannot_fit,
-        "ten_b_training_ran_out_in_the_optimizer": _ten_b_training_ran_out_in_the_optimizer,
-        # fp32 only: the bf16 phases of the small to large models swing by up to a fifth of their mean
-        "backward_about_twice_forward_2026": lambda: where(phase_cells(), dtype="fp32").bwd_over_fwd.between(1.5, 2.5).all(),
-        "optimizer_shortest_in_fp32": lambda: (lambda c: (c.optimizer_mean_ms < c.forward_mean_ms).all())(
-            where(phase_cells(), dtype="fp32", status="ok")),
-        "optimizer_ignores_the_dtype": _optimizer_ignores_the_dtype,
-        # the synchronised phases cost no less than the plain step: under 1% more at 2.7B, most for small or medium
-        "phases_cost_the_launch_bound_most": lambda: (lambda r: (r >= 1).all() and r["2.7B"] < 1.01 and r.max() < 1.10
-                                                      and r.idxmax() in ("small", "medium"))(phase_sum_over_timings()),
-        "longest_fit_as_probed": _longest_fit_as_probed,
-        "long_contexts_as_answered": _long_contexts_as_answered,
-        # double-count.md
-        "first_run_overcounted_rerun_fits": lambda: len(marked_rows()) > 0
-        and (marked_rows()["first: kernels / range"] > 1).all()
-        and (marked_rows()["re-run: kernels ms"] <= marked_rows()["re-run: range ms"]).all(),
-        "first_run_surplus_of_same_ops": lambda: len(silu_surplus()) > 0,
-        "rerun_checks_pass": lambda: rerun_checks()["check passed"].all(),
-        "no_op_or_event_listed_twice": lambda: (rerun_checks()[["CPU events listed twice", "device events listed twice"]] == 0)
-        .all(axis=None),
-        "every_trace_has_colliding_ids": lambda: (rerun_checks()["colliding CPU ids"] > 0).all(),
-        # the inflated cells hold more colliding ids than any other cell
-        "most_collisions_most_inflation": lambda: len(inflated()) > 0 and inflated()["colliding CPU ids"].min()
-        > rerun_checks().drop(inflated().index)["colliding CPU ids"].max(),
-        "launch_counts_exact": lambda: (rerun_checks()[["SiLU launches / layers", "addcdiv launches / tensors"]] == 1)
-        .all(axis=None),
-    },
-)
+register("profiling", facts={
+    "peak_fp32_tflops": lambda: f"{peak_flops('NVIDIA H200', 'fp32') / 1e12:.0f}",
+    "peak_bf16_tflops": lambda: f"{peak_flops('NVIDIA H200', 'bf16') / 1e12:.0f}",
+    "params_10b_b": lambda: f"{count_parameters(get_config('10B'))['total'] / 1e9:.2f}",
+    "train_state_10b_gib": lambda: f"{ten_b_memory()['end_of_backward_gib']:.0f}",
+    "h200_capacity_gib": lambda: f"{capacity_gib():.1f}",
+    # (b), 2026
+    "bwd_over_fwd_2026": lambda: span(where(phase_cells(), dtype="fp32").bwd_over_fwd, ".1f"),
+    "opt_share_27b_fp32": lambda: f"{phase_cells().opt_share[('2.7B', 'fp32')]:.0%}",
+    "opt_share_27b_bf16": lambda: f"{phase_cells().opt_share[('2.7B', 'bf16')]:.0%}",
+    "fb_peak_10b_gib": lambda: f"{phase_cells().fb_peak_gib[('10B', 'fp32')]:.1f}",
+    # nsys_profile, 2026
+    "longest_small": lambda: f"{longest_fit('small'):,}",
+    "first_oom_small": lambda: f"{longest_fit('small', 'oom'):,}",
+    "longest_27b": lambda: f"{longest_fit('2.7B'):,}",
+    "first_oom_27b": lambda: f"{longest_fit('2.7B', 'oom'):,}",
+    "lf_kernels_over_timer": lambda: span(kernel_cells(LONGEST).eval("fwd_kernel_ms / fwd_python_ms"), ".0%"),
+    # (b)
+    "fwd_ms": lambda: span(e2e_rows().f_mean_ms),
+    "bwd_ms": lambda: span(e2e_rows().bwd_ms),
+    "fb_cv_max": lambda: f"{e2e_rows().fb_cv.max():.1%}",
+    # (c)
+    "first_extra_fb_ms": lambda: span(where(warmup_rows(), mode="forward-backward").extra_ms),
+    "first_over_steady_small_fwd": lambda: f"{where(warmup_rows(), mode='forward', size='small').first_over_steady.iloc[0]:.0f}",
+    "w1_vs_w2_max": lambda: f"{warmup_rows().w1_vs_w2.max():.1%}",
+    "std_w1_over_w2": lambda: span(warmup_rows().std_w1_over_w2, ".2f"),
+    "w5_vs_w1_max_small": lambda: f"{where(warmup_rows(), size='small').w5_vs_w1.max():.0%}",
+    # nsys_profile
+    "large_fwd_kernel_ms": lambda: f"{_cell('2.7B', 512).fwd_kernel_ms:.0f}",
+    "large_fwd_python_ms": lambda: f"{_cell('2.7B', 512).fwd_python_ms:.0f}",
+    "small_fwd_kernel_ms": lambda: f"{_cell('small', 128).fwd_kernel_ms:.1f}",
+    "small_fwd_python_ms": lambda: f"{_cell('small', 128).fwd_python_ms:.1f}",
+    "top_not_fwd_sizes": lambda: listed(top_kernels().query("not both_is_fwd_top")["size"]),
+    "other_share": lambda: span(1 - kernel_cells().fb_matmul_share, ".0%"),
+    "fwd_matmul_share": lambda: span(kernel_cells().fwd_matmul_share, ".0%"),
+    "step_matmul_share": lambda: span(kernel_cells().step_matmul_share, ".0%"),
+    "adamw_launches_per_tensor": lambda: f"{_cell('small', 512).opt_launches / parameter_tensors('small'):.0f}",
+    "softmax_time_ratio": lambda: span(attention_region_rows().time_ratio, ".0%"),
+    "softmax_flop_ratio_d64": lambda: f"{flop_ratio(64):.1%}",
+    "softmax_per_flop": lambda: span(attention_region_rows().per_flop),
+}, tables={
+    "e2e": e2e_table, "warmup": warmup_table, "phases": profile_table, "phases_2026": phases_2026_table,
+    "probe": probe_table, "longest_fit": lambda: profile_table(LONGEST), "top_kernels": top_kernel_table,
+    "xl_forward_other": lambda: other_kernels("forward"), "xl_backward_other": lambda: other_kernels("backward"),
+    "attention_regions": attention_regions_table,
+    "marked": lambda: with_source(marked_rows(), GRID[0]),
+    "silu": lambda: with_source(silu_surplus(), GRID[1]),
+    "rerun": lambda: with_source(rerun_checks(), GRID[0], used=rerun_cells(),
+                                 formats={"old sum over unique, fwd": "+.1%", "max kernels / range": ".3f"}),
+}, figures={"warmup": warmup_figure}, claims={
+    # (b): a spread under 5% would not hide a 10% effect
+    "steps_are_steady": lambda: e2e_rows().fb_cv.max() < 0.05,
+    "backward_twice_forward": lambda: (e2e_rows().bwd_ms / e2e_rows().f_mean_ms).between(1.5, 2.5).all(),
+    "small_model_leaves_gpu_idle": lambda: (lambda r: (r.fb_mean_ms / r.params).idxmax() == r.fb_mfu.idxmin()
+                                            == "small")(e2e_rows()),
+    # (c): without warm-up the first step dominates the spread; one warm-up step removes it
+    "first_step_is_slow": lambda: (warmup_rows().first_over_steady > 1.2).all()
+    and (warmup_rows().w0_std > 10 * warmup_rows().w1_std).all(),
+    "one_warmup_step_is_enough": lambda: warmup_rows().w1_vs_w2.max() < 0.02,
+    "small_model_moves_between_processes": lambda: warmup_rows().set_index("size").w5_vs_w1.idxmax() == "small",
+    # nsys_profile
+    "no_cell_ran_out_of_memory": lambda: (newest(load_results(GRID[0]), ["size", "context"])["status"] == "ok").all(),
+    "every_cell_profiled_again": lambda: len(rerun_cells()) == len(kernel_cells())
+    and not any(overcounted(r) for _, r in kernel_cells().iterrows()),
+    "busy_gpu_timer_agrees": lambda: abs(_cell("2.7B", 512).fwd_kernel_ms / _cell("2.7B", 512).fwd_python_ms - 1) < 0.05,
+    "small_cells_wait_for_launches": lambda: _cell("small", 128).fwd_kernel_ms < 0.5 * _cell("small", 128).fwd_python_ms,
+    "profiled_range_is_longer": lambda: _cell("small", 128).fwd_range_ms > _cell("small", 128).fwd_python_ms,
+    "top_kernel_is_fp32_simt_gemm": lambda: _top_is_fp32_simt_gemm(top_kernels()),
+    "top_of_both_is_a_matmul_not_always_the_forwards": lambda: top_kernels().both_top.map(is_matmul).all()
+    and 0 < (~top_kernels().both_is_fwd_top).sum() < len(top_kernels()),
+    "matmul_share_falls_in_training": lambda: (kernel_cells().step_matmul_share < kernel_cells().fwd_matmul_share).all(),
+    # AdamW's kernels cost the same at every context, so they cut the share least where the rest is longest
+    "optimizer_cost_ignores_context": lambda: all(
+        (g.fb_matmul_share - g.step_matmul_share)[1024] < (g.fb_matmul_share - g.step_matmul_share)[128]
+        and g.opt_kernel_ms.max() < 1.05 * g.opt_kernel_ms.min()
+        for _, g in kernel_cells().set_index("context").groupby("size")),
+    "adamw_launches_whole_kernels_per_tensor": lambda: _cell("small", 512).opt_launches % parameter_tensors("small") == 0,
+    "forward_other_kernels_as_named": lambda: all(name in other_kernels("forward")
+                                                  for name in ("softmax_warp_forward", "elementwise_kernel", "Memcpy DtoD")),
+    "softmax_is_memory_bound": lambda: (attention_region_rows().per_flop > 10).all()
+    and (attention_region_rows().flop_ratio < 0.05).all(),
+    # the 2026 edition: its sizes are our presets, its xl our 2.7B, its 10B 4608 wide, d_ff 12288, 50 layers, 36 heads
+    "the_2026_table": lambda: SIZES_2026 == ["small", "medium", "large", "2.7B", "10B"] and tuple(
+        getattr(get_config("10B"), f) for f in ("d_model", "d_ff", "num_layers", "num_heads")) == (4608, 12288, 50, 36),
+    "ten_b_training_cannot_fit": _ten_b_training_cannot_fit,
+    # fp32 only: the bf16 phases of the small to large models swing by up to a fifth of their mean
+    "backward_twice_forward_optimizer_shortest": lambda: (lambda c: c.bwd_over_fwd.between(1.5, 2.5).all()
+        and (c.optimizer_mean_ms < c.forward_mean_ms)[c.status == "ok"].all())(where(phase_cells(), dtype="fp32")),
+    "optimizer_ignores_the_dtype": _optimizer_ignores_the_dtype,
+    "longest_fit_as_probed": _longest_fit_as_probed,
+    "long_contexts_as_answered": _long_contexts_as_answered,
+    # double-count.md
+    "first_run_overcounted_rerun_fits": lambda: len(marked_rows()) > 0
+    and (marked_rows()["re-run: kernels ms"] <= marked_rows()["re-run: range ms"]).all(),
+    "first_run_surplus_of_same_ops": lambda: len(silu_surplus()) > 0,
+    "rerun_traces_hold_only_colliding_ids": lambda: (lambda c: c["check passed"].all()
+        and (c["colliding CPU ids"] > 0).all()
+        and (c[["CPU events listed twice", "device events listed twice"]] == 0).all(axis=None))(rerun_checks()),
+    "most_collisions_most_inflation": _most_collisions_most_inflation,
+    "launch_counts_exact": lambda: (rerun_checks()[["SiLU launches / layers", "addcdiv launches / tensors"]] == 1)
+    .all(axis=None),
+})
