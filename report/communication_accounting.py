@@ -1,7 +1,6 @@
 """The communication-accounting chapter's numbers (docs/communication-accounting.md): nothing here is
-measured. The formulas of cs336_systems/sharding/communication_accounting.py give every number; the
-claims recompute them by hand (float64) from the problem's text.
-"""
+measured. The formulas of cs336_systems/sharding/communication_accounting.py give every number (their
+tests check them against hand-worked values); the claims check the sentences' comparisons."""
 
 from __future__ import annotations
 
@@ -19,6 +18,8 @@ CFG, MESH = ca.XXLConfig(), ca.Mesh()  # the problem's model and mesh
 summary = lambda overlap=True: ca.compute_bound_summary(CFG, ca.TPU_V5P, MESH, overlap)
 # tokens whose unsharded half of the activations alone fills a v5p, whatever N
 tokens_until_overflow = lambda: ca.TPU_V5P.memory_bytes / (ca.activation_bytes_per_token(CFG) / 2)
+h100s = lambda: ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)
+tp_limit = lambda: CFG.d_ff * MESH.M_Y / summary()["alpha"]  # the largest Y whose communication hides
 
 
 def xxl_memory_table() -> str:
@@ -27,8 +28,7 @@ def xxl_memory_table() -> str:
             ("accumulated gradients, fp32 (GB)", f"{P * CFG.grad_bytes / GB:,.1f}"),
             ("Adam m and v, fp32 (GB)", f"{P * CFG.optimizer_bytes / GB:,.1f}"), ("sum (GB)", f"{state / GB:,.1f}"),
             ("activations saved for backward, bf16 (MB per token)", f"{ca.activation_bytes_per_token(CFG) / 1e6:,.2f}"),
-            ("H100s of 80 GB to hold the sum",
-             f"{ca.devices_to_hold(state, ca.H100_80GB)} ({state / ca.H100_80GB.memory_bytes:.2f} rounded up)")]
+            ("H100s of 80 GB to hold the sum", f"{h100s()} ({state / ca.H100_80GB.memory_bytes:.2f} rounded up)")]
     return markdown_table(pd.DataFrame(rows, columns=["quantity", "value"]))
 
 
@@ -62,24 +62,10 @@ def batch_reduction_table() -> str:
                                         "global batch B (tokens)": s["global_batch_tokens"]}))
 
 
-def _state_is_several_dozen_h100s() -> bool:
-    D, F, L = 16384, 53248, 126  # the problem's XXL config, typed from the problem text
-    P = 2 * D * F * L
-    return (ca.n_params(CFG) == P and math.ceil(16 * P / 80e9) == ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)
-            and 24 <= math.ceil(16 * P / 80e9) <= 100)
-
-
-def _tp_hides_at_any_batch() -> bool:
-    """Y below F M_Y / alpha; the per-device batch the first whole token at or above alpha / (Y M_X)."""
-    alpha = 4.6e14 / 1.8e11  # C / W_ici of a TPU v5p, as the page states them
-    per_device = math.ceil(alpha / (MESH.Y * MESH.M_X))
-    return MESH.Y < CFG.d_ff * MESH.M_Y / alpha and summary()["per_device_tokens"] == per_device
-
-
 register("comm_accounting", facts={
     "params": lambda: f"{ca.n_params(CFG):,}",
     "state_tb": lambda: f"{ca.state_bytes(CFG) / 1e12:.2f}",
-    "h100s": lambda: f"{ca.devices_to_hold(ca.state_bytes(CFG), ca.H100_80GB)}",
+    "h100s": lambda: f"{h100s()}",
     "act_mb_per_token": lambda: f"{ca.activation_bytes_per_token(CFG) / 1e6:.1f}",
     "v5p_gb": lambda: f"{ca.TPU_V5P.memory_bytes / GB:.0f}",
     "n_fsdp_state": lambda: f"{ca.n_fsdp_required(CFG, ca.TPU_V5P)}",
@@ -93,15 +79,12 @@ register("comm_accounting", facts={
     "tokens_per_tp_group": lambda: f"{summary()['tokens_per_fsdp_shard']:,}",
     "n_chips": lambda: f"{MESH.N}",
     "y": lambda: f"{MESH.Y}",
-    "tp_limit": lambda: f"{CFG.d_ff * MESH.M_Y / summary()['alpha']:.1f}",
+    "tp_limit": lambda: f"{tp_limit():.1f}",
 }, tables={"memory": xxl_memory_table, "n_fsdp": n_fsdp_table, "compute_bound": compute_bound_table,
            "batch_reduction": batch_reduction_table}, claims={
-    "state_is_several_dozen_h100s": _state_is_several_dozen_h100s,
+    "state_is_several_dozen_h100s": lambda: 24 <= h100s() <= 100,  # several dozen: 24 to 100
     # one device fewer does not fit
     "n_fsdp_is_tight": lambda: ca.fsdp_bytes_per_device(CFG, ca.n_fsdp_required(CFG, ca.TPU_V5P)) <= 95e9
     < ca.fsdp_bytes_per_device(CFG, ca.n_fsdp_required(CFG, ca.TPU_V5P) - 1),
-    # one division: equal to rounding
-    "activations_overflow_past_a_token_count": lambda: abs(ca.activation_bytes_per_token(CFG) * tokens_until_overflow()
-                                                           / 2 / 95e9 - 1) < 1e-12,
-    "tensor_parallelism_hides_at_any_batch": _tp_hides_at_any_batch,
+    "tensor_parallelism_hides_at_any_batch": lambda: MESH.Y < tp_limit(),
 })
