@@ -1,15 +1,10 @@
 """The site's one figure mechanism: a matplotlib figure becomes an inline SVG at build time.
 
-A chapter draws from a markdown-exec block with `html="1"`:
-
-    ```python exec="on" html="1"
-    from report.flash import leaderboard_figure
-    print(svg(leaderboard_figure()))
-    ```
-
-Text stays text and ids are deterministic (a fixed hash salt), so the built page is the same on
-every build, and no image file is committed: the figure is always drawn from the results in this
-checkout. Report modules return `plt.Figure`s; only this module turns them into markup.
+A chapter's module registers a function returning a `plt.Figure` (`register(..., figures={...})`),
+and a page places it with `{{ figure: chapter.name }}` on a line of its own. Text stays text and ids
+are deterministic (a fixed hash salt), so the built page is the same on every build, and no image
+file is committed: the figure is always drawn from the results in this checkout. Only this module
+turns figures into markup.
 """
 
 from __future__ import annotations
