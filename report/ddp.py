@@ -68,9 +68,9 @@ MEDIAN_OVER_RUNS = ["step_ms", "step_ms_mean", "sync_ms", "comm_alone_ms", "over
 def steps(device: str = CPU) -> pd.DataFrame:
     """One row per configuration: the median over runs of MEDIAN_OVER_RUNS, `runs`, each run's step
     (`step_ms_runs`) and the noisiest run's `step_ms_std`; the rest from the latest run."""
-    df = runs(device)
-    g = df.assign(_k=[_key(r, STEPS_KEY) for r in df.to_dict("records")]).groupby("_k", sort=False)
-    out = g.tail(1).set_index("_k")  # the latest run's row (df is in time order)
+    df = runs(device).pipe(lambda d: d.assign(_k=[_key(r, STEPS_KEY) for r in d.to_dict("records")]))
+    g = df.groupby("_k", sort=False)
+    out = newest(df, ["_k"]).set_index("_k")  # the latest run's row
     out[MEDIAN_OVER_RUNS] = g[MEDIAN_OVER_RUNS].median()
     out = out.assign(runs=g["run"].nunique(), step_ms_runs=g["step_ms"].agg(tuple), step_ms_std=g["step_ms_std"].max())
     return _in_stage_order(out.reset_index(drop=True), ["size", "world_size"])

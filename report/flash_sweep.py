@@ -70,7 +70,7 @@ def small_cells() -> pd.DataFrame:
 def code_table() -> str:
     """Which commit timed the cells the tables show, and the older rows a re-timing replaced (not shown)."""
     every = load_results(SWEEP_BENCH)
-    replaced = every.duplicated(SWEEP_CELL, keep="last")
+    replaced = pd.Series(~every.index.isin(newest(every, SWEEP_CELL).index), index=every.index)
     whose = every.impl.map(lambda i: "ours Triton" if i == "triton" else "the other columns")
     rows = every.assign(rows=whose + replaced.map({False: ", shown", True: ", replaced"}))
     return markdown_table(rows.groupby(["rows", "git"], as_index=False).size().rename(columns={"size": "cells"}))
