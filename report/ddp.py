@@ -68,7 +68,8 @@ MEDIAN_OVER_RUNS = ["step_ms", "step_ms_mean", "sync_ms", "comm_alone_ms", "over
 def steps(device: str = CPU) -> pd.DataFrame:
     """One row per configuration: the median over runs of MEDIAN_OVER_RUNS, `runs`, each run's step
     (`step_ms_runs`) and the noisiest run's `step_ms_std`; the rest from the latest run."""
-    df = runs(device).pipe(lambda d: d.assign(_k=[_key(r, STEPS_KEY) for r in d.to_dict("records")]))
+    df = runs(device)
+    df["_k"] = [_key(r, STEPS_KEY) for r in df.to_dict("records")]  # the configuration, hashable
     g = df.groupby("_k", sort=False)
     out = newest(df, ["_k"]).set_index("_k")  # the latest run's row
     out[MEDIAN_OVER_RUNS] = g[MEDIAN_OVER_RUNS].median()
